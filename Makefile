@@ -1,0 +1,33 @@
+# Two commands for a newcomer: `make run` and `make test`. Nothing else is needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?= ops/queues.example.toml
+
+.PHONY: run test install install-test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+
+run: install
+	$(BIN)/kq serve --config $(CONFIG)
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check broker cli tests ops
+	$(BIN)/mypy broker
+
+bench: install
+	$(BIN)/python ops/bench.py
+
+clean:
+	rm -rf $(VENV) kq-data .pytest_cache .hypothesis

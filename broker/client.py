@@ -1,0 +1,244 @@
+"""The subscriber client (SPEC section 7).
+
+Commands go to PREFIX.commands; messages and replies come back on PREFIX.deliver.<name>.
+Subscribing and batch acks wait for the service's answer and raise `CommandError` when it
+refuses; `msg.ack()`, `msg.cancel()` and `msg.expire()` are sent without waiting, and any
+refusal the service sends back is kept in `client.errors`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from broker import wire
+from broker.errors import CommandError, KqError
+from broker.kafka import clients
+from broker.values import Bookmark
+
+__all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
+
+log = logging.getLogger("kq.client")
+
+
+@dataclass
+class Message:
+    queue: str
+    bookmark: str
+    data: Any
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    delivery_count: int
+    lease_deadline: float | None  # epoch seconds; None for at-most-once (no lease)
+    is_barrier: bool
+    timestamp: float
+    _client: QueueClient = field(repr=False)
+
+    def ack(self) -> None:
+        if not self.is_barrier:  # barriers need no ack
+            self._client._send("ack", queue=self.queue, bookmarks=[self.bookmark])
+
+    def cancel(self) -> None:
+        self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark])
+
+    def expire(self) -> None:
+        self._client._send("expire", queue=self.queue, bookmarks=[self.bookmark])
+
+
+def _decode_data(fmt: str, value: bytes | None) -> Any:
+    if fmt != "json" or value is None:
+        return None
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
+class Subscription:
+    def __init__(self, client: QueueClient, queue: str, sub_id: str, backlog: int) -> None:
+        self.client, self.queue, self.sub_id, self.backlog = client, queue, sub_id, backlog
+        self._buffer: deque[Message] = deque()
+        self.closed = False
+
+    def messages(self, timeout: float = 5.0) -> Iterator[Message]:
+        """Yield messages as they arrive; stop after `timeout` seconds with nothing new."""
+        quiet_since = time.monotonic()
+        while not self.closed:
+            if self._buffer:
+                yield self._buffer.popleft()
+                quiet_since = time.monotonic()
+                continue
+            left = timeout - (time.monotonic() - quiet_since)
+            if left <= 0:
+                return
+            self.client._pump(min(left, 0.1))
+
+    def close(self) -> None:
+        """End the subscription; leases it holds return to the queue at once."""
+        if not self.closed:
+            self.closed = True
+            self.client._request("unsubscribe", sub_id=self.sub_id)
+            self.client._subs.pop(self.sub_id, None)
+
+
+class QueueClient:
+    def __init__(self, bootstrap_servers: str, name: str | None = None, topic_prefix: str = "kq",
+                 kafka_config: dict[str, Any] | None = None, principal: str | None = None,
+                 request_timeout: float = 10.0, heartbeat_interval: float = 1.0) -> None:
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.principal = principal or self.name
+        self.request_timeout = request_timeout
+        self.errors: list[str] = []  # refusals of commands sent without waiting
+        self._prefix = topic_prefix
+        extra = dict(kafka_config or {})
+        clients.check_reachable(bootstrap_servers, extra)
+        self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
+        clients.ensure_topics(clients.admin(bootstrap_servers, extra), [self._deliver_topic])
+        self._producer = clients.producer(bootstrap_servers, extra, **{"linger.ms": 1})
+        self._consumer = clients.consumer(bootstrap_servers, extra)
+        start = clients.end_offset(self._consumer, self._deliver_topic, 0)
+        self._consumer.assign([TopicPartition(self._deliver_topic, 0, start)])
+        self._lock = threading.RLock()
+        self._subs: dict[str, Subscription] = {}
+        self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._waiting: set[str] = set()
+        self._closed = threading.Event()
+        self._heartbeat_s = heartbeat_interval
+        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="kq-heartbeat")
+        self._heartbeat.start()
+
+    # -- public API ------------------------------------------------------------------------
+    def subscribe(self, queue: str, filter: str | None = None, max_backlog: int | None = None,
+                  mode: str = "queue", replay_period: str | None = None) -> Subscription:
+        if mode == "browse" or replay_period is not None:
+            raise CommandError("not supported yet: mode='browse'")
+        sub_id = uuid.uuid4().hex
+        sub = Subscription(self, queue, sub_id, 0)
+        self._subs[sub_id] = sub  # registered first: deliveries may beat the reply
+        try:
+            body = self._request("subscribe", queue=queue, sub_id=sub_id, filter=filter,
+                                 max_backlog=max_backlog, mode=mode)
+        except KqError:
+            self._subs.pop(sub_id, None)
+            raise
+        sub.backlog = int(body.get("backlog", 0))
+        if body.get("heartbeat_ms"):
+            self._heartbeat_s = min(self._heartbeat_s, body["heartbeat_ms"] / 4000)
+        return sub
+
+    def ack(self, queue: str, bookmarks: Iterable[str | Bookmark]) -> None:
+        """Acknowledge many messages at once; raise CommandError naming any refused."""
+        self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
+
+    def ack_where(self, queue: str, expression: str) -> None:
+        raise CommandError("not supported yet: ack_where")
+
+    def query(self, **args: Any) -> dict[str, Any]:
+        """Ask the service about its state (what the CLI uses)."""
+        return self._request("query", query=json.dumps(args))
+
+    def close(self) -> None:
+        """Leave: every subscription ends and its leases return to the queues at once."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            if self._subs:
+                self._send("close")
+            self._producer.flush(5)
+        finally:
+            self._consumer.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _send(self, kind: str, request_id: str = "", **fields: Any) -> None:
+        record = {"type": kind, "client": self.name, "request_id": request_id,
+                  "queue": None, "sub_id": None, "max_backlog": None, "filter": None,
+                  "mode": None, "bookmarks": [], "query": None,
+                  "sent_ms": int(time.time() * 1000)}
+        record.update(fields)
+        self._producer.produce(f"{self._prefix}.commands", wire.encode("command", record))
+        self._producer.poll(0)
+
+    def _request(self, kind: str, **fields: Any) -> dict[str, Any]:
+        rid = uuid.uuid4().hex
+        self._waiting.add(rid)
+        try:
+            self._send(kind, request_id=rid, **fields)
+            self._producer.flush(self.request_timeout)
+            deadline = time.monotonic() + self.request_timeout
+            while rid not in self._replies:
+                if time.monotonic() > deadline:
+                    raise KqError(f"no answer from the kq service to {kind} within "
+                                  f"{self.request_timeout}s (is `kq serve` running with topic "
+                                  f"prefix {self._prefix!r}?)")
+                self._pump(0.05)
+        finally:
+            self._waiting.discard(rid)
+        error, body = self._replies.pop(rid)
+        if error is not None:
+            raise CommandError(error)
+        return body
+
+    def _pump(self, timeout: float) -> None:
+        """Read what the service sent and route it to subscriptions and waiting requests."""
+        with self._lock:
+            records = self._consumer.consume(500, timeout)
+        for rec in records:
+            if rec.error():
+                continue
+            try:
+                env = wire.decode("envelope", rec.value())
+            except ValueError as exc:
+                log.warning("ignored an unreadable record on %s: %s", self._deliver_topic, exc)
+                continue
+            if env["kind"] == "message":
+                self._route_message(env)
+                continue
+            rid = env["request_id"]
+            if rid in self._waiting:
+                self._replies[rid] = (env["error"], json.loads(env["body"] or "{}"))
+            elif env["kind"] == "error" and not rid:
+                log.warning("the service refused a command: %s", env["error"])
+                self.errors.append(env["error"])
+
+    def _route_message(self, env: dict[str, Any]) -> None:
+        sub = self._subs.get(env["sub_id"])
+        if sub is None:  # a delivery for a subscription of an earlier life of this name
+            return
+        deadline = env["lease_deadline_ms"]
+        sub._buffer.append(Message(
+            queue=env["queue"], bookmark=env["bookmark"],
+            data=_decode_data(env["format"], env["value"]), value=env["value"], key=env["key"],
+            headers=[(h["key"], h["value"]) for h in env["headers"]],
+            delivery_count=env["delivery_count"],
+            lease_deadline=None if deadline is None else deadline / 1000,
+            is_barrier=env["is_barrier"], timestamp=env["timestamp_ms"] / 1000, _client=self,
+        ))
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self._heartbeat_s):
+            if self._subs:
+                try:
+                    self._send("heartbeat")
+                except Exception as exc:  # never let the heartbeat thread die silently
+                    log.warning("heartbeat failed: %s", exc)

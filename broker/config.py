@@ -1,0 +1,237 @@
+"""The TOML configuration, validated once into frozen, typed objects.
+
+Validation is pydantic's (unknown keys are errors, types are checked); this module adds the
+kq rules that span keys and turns every failure into one `ConfigError` naming queue and key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from broker.errors import ConfigError
+from broker.values import Duration
+
+
+def _duration(value: Any) -> Duration:
+    if isinstance(value, Duration):
+        return value
+    return Duration.parse(value)
+
+
+DurationField = Annotated[Duration, BeforeValidator(_duration)]
+
+# Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
+NOT_SUPPORTED_YET = (
+    "priority",
+    "priority_levels",
+    "barrier_expression",
+    "target_queue_depth",
+    "sort_key",
+    "lvq_key",
+    "group_key",
+    "group_mode",
+    "hold_on_publish",
+    "max_messages",
+    "max_bytes",
+    "overflow_policy",
+    "min_ttl",
+    "max_ttl",
+    "nondestructive",
+    "redelivery_delay",
+    "redelivery_backoff",
+    "schema",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueueConfig(_Strict):
+    """One `[[queue]]` table."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    underlying_topic: str | None = None
+    default_publish_target: str | None = None
+    semantics: Literal["at-least-once", "at-most-once"] = "at-least-once"
+    lease_period: DurationField = Duration(60_000)
+    max_deliveries: int = Field(0, ge=0)
+    max_cancels: int = Field(0, ge=0)
+    expiration: DurationField | None = None
+    max_per_subscription_backlog: int = Field(10, ge=1)
+    fairness: Literal["fast", "round-robin", "proportional"] | None = None
+    leasing: Literal["strict", "permissive"] = "strict"
+    recovery_point: str = "earliest"
+    dead_letter_topic: str | None = None
+    format: Literal["json", "bytes", "avro"] = "json"
+    # Accepted by the schema so the error can say "not supported yet" instead of "unknown key".
+    priority: str | None = None
+    priority_levels: int | None = None
+    barrier_expression: str | None = None
+    target_queue_depth: int | None = None
+    sort_key: str | None = None
+    missing_sort_key: Literal["first", "last"] | None = None
+    lvq_key: str | None = None
+    group_key: str | None = None
+    group_mode: Literal["sticky", "shared"] | None = None
+    hold_on_publish: bool | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    overflow_policy: Literal["none", "ring", "reject", "flow-control"] | None = None
+    min_ttl: DurationField | None = None
+    max_ttl: DurationField | None = None
+    nondestructive: bool | None = None
+    redelivery_delay: DurationField | None = None
+    redelivery_backoff: Literal["fixed", "exponential"] | None = None
+    max_redelivery_delay: DurationField | None = None
+    schema_: str | None = Field(None, alias="schema")
+
+    @field_validator("underlying_topic")
+    @classmethod
+    def _regex_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"bad regex {value!r}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _cross_key_rules(self) -> QueueConfig:
+        if self.semantics == "at-most-once" and self.fairness not in (None, "round-robin"):
+            raise ValueError(
+                f"fairness = {self.fairness!r} is not allowed with at-most-once "
+                "(only 'round-robin')"
+            )
+        if self.target_queue_depth is not None and self.priority is not None:
+            raise ValueError("target_queue_depth is not allowed together with priority")
+        if self.target_queue_depth is not None and self.barrier_expression is not None:
+            raise ValueError("target_queue_depth is not allowed together with barrier_expression")
+        for key in NOT_SUPPORTED_YET:
+            attr = "schema_" if key == "schema" else key
+            if getattr(self, attr) is not None:
+                raise ValueError(f"not supported yet: {key}")
+        if self.format == "avro":
+            raise ValueError("not supported yet: format = 'avro' (use 'json' or 'bytes')")
+        if self.recovery_point != "earliest":
+            raise ValueError(
+                f"not supported yet: recovery_point = {self.recovery_point!r} (only 'earliest')"
+            )
+        return self
+
+    @property
+    def topic_regex(self) -> re.Pattern[str]:
+        return re.compile(self.underlying_topic or f"^{re.escape(self.name)}$")
+
+    @property
+    def publish_target(self) -> str | None:
+        """Where records written to a topic named exactly like the queue are forwarded."""
+        if self.default_publish_target:
+            return self.default_publish_target
+        return f"{self.name}_DIRECT" if self.underlying_topic else None
+
+    @property
+    def effective_fairness(self) -> str:
+        if self.fairness:
+            return self.fairness
+        return "round-robin" if self.semantics == "at-most-once" else "proportional"
+
+    @property
+    def at_most_once(self) -> bool:
+        return self.semantics == "at-most-once"
+
+
+class ServiceConfig(_Strict):
+    """The `[service]` table."""
+
+    bootstrap_servers: str | None = None
+    data_dir: str = "./kq-data"
+    topic_prefix: str = Field("kq", pattern=r"^[A-Za-z0-9._-]+$")
+    metrics_port: int = Field(9464, ge=0, le=65535)
+    heartbeat_timeout: DurationField = Duration(10_000)
+    exactly_once: bool = False
+    kafka: dict[str, str | int | bool] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _supported(self) -> ServiceConfig:
+        if self.exactly_once:
+            raise ValueError("not supported yet: exactly_once")
+        return self
+
+
+class Config(_Strict):
+    """The whole file."""
+
+    service: ServiceConfig = Field(default_factory=ServiceConfig)  # type: ignore[arg-type]
+    auth: dict[str, str] = Field(default_factory=dict)
+    queue: tuple[QueueConfig, ...] = ()
+
+    @model_validator(mode="after")
+    def _rules(self) -> Config:
+        if self.auth:
+            raise ValueError("not supported yet: auth")
+        seen: set[str] = set()
+        for q in self.queue:
+            if q.name in seen:
+                raise ValueError(f"queue {q.name!r} is defined twice")
+            seen.add(q.name)
+        return self
+
+    @property
+    def queues(self) -> dict[str, QueueConfig]:
+        return {q.name: q for q in self.queue}
+
+
+def _where(loc: tuple[Any, ...], raw: dict[str, Any]) -> str:
+    """Turn a pydantic location like ('queue', 1, 'lease_period') into words."""
+    if len(loc) >= 2 and loc[0] == "queue" and isinstance(loc[1], int):
+        queues = raw.get("queue") or []
+        name = queues[loc[1]].get("name") if loc[1] < len(queues) else None
+        label = f"queue {name!r}" if name else f"queue #{loc[1] + 1}"
+        key = ".".join(str(p) for p in loc[2:])
+        return f"{label}, key {key!r}" if key else label
+    key = ".".join(str(p) for p in loc)
+    return f"key {key!r}" if key else "config"
+
+
+def _explain(error: dict[str, Any]) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
+
+
+def parse_config(raw: dict[str, Any]) -> Config:
+    """Validate a parsed TOML document; raise ConfigError naming queue and key."""
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        lines = [f"{_where(tuple(e['loc']), raw)}: {_explain(e)}" for e in exc.errors()]
+        raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p} is not valid TOML: {exc}") from None
+    return parse_config(raw)

@@ -1,0 +1,56 @@
+"""What the engine asks the I/O shell to do: output effects, all frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.engine.transitions import Transition
+from broker.values import Bookmark
+
+
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """Record a state change; it must be durable before any delivery that follows it."""
+
+    transition: Transition
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    client: str
+    sub_id: str
+    queue: str
+    bookmark: Bookmark
+    delivery_count: int
+    lease_deadline_ms: int | None
+    is_barrier: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    queue: str
+    bookmark: Bookmark
+    topic: str
+    reason: str
+    delivery_count: int
+    cancel_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A command succeeded; `body` goes back to the client."""
+
+    client: str
+    request_id: str
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRejected:
+    client: str
+    request_id: str
+    message: str
+
+
+Effect = Journal | Deliver | DeadLetter | Reply | CommandRejected

@@ -1,0 +1,299 @@
+"""The queue engine: `Engine.handle(event, now_ms) -> list[Effect]`.
+
+Sans-I/O: time is passed in, nothing is read from or written to the outside world. Every
+decision becomes a `Transition` applied to a `QueueState` and emitted as a `Journal` effect;
+deliveries, dead letters and replies are emitted after the transitions they depend on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from broker.config import QueueConfig
+from broker.engine import events as ev
+from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Effect, Journal, Reply
+from broker.engine.fairness import PICKERS
+from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.states import MessageState
+from broker.engine.transitions import Kind, Reason, Transition
+from broker.values import Bookmark
+
+
+class Engine:
+    def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000) -> None:
+        self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.subs: dict[str, Subscription] = {}  # every subscription, by id
+        self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
+        self._out: list[Effect] = []
+        self._touched: set[str] = set()
+
+    # -- the one entry point ---------------------------------------------------------------
+    def handle(self, event: ev.Event, now: int) -> list[Effect]:
+        self._out = []
+        self._touched = set()
+        client = getattr(event, "client", None)
+        if client is not None:
+            self.last_seen[client] = now
+        match event:
+            case ev.MessageArrived():
+                self._arrive(event, now)
+            case ev.Subscribed():
+                self._subscribe(event, now)
+            case ev.Unsubscribed():
+                self._unsubscribe(event, now)
+            case ev.ClientClosed():
+                self._drop_client(event.client, now, Reason.UNSUBSCRIBED)
+                self.last_seen.pop(event.client, None)
+            case ev.Heartbeat():
+                pass
+            case ev.Acked():
+                self._ack(event, now)
+            case ev.Cancelled():
+                self._cancel(event, now)
+            case ev.ExpireRequested():
+                self._expire(event, now)
+            case ev.Tick():
+                self._tick(now)
+        for name in sorted(self._touched):
+            self._dispatch(self.queues[name], now)
+        return self._out
+
+    def apply(self, t: Transition) -> Message | None:
+        """Apply one journaled transition (used live and by recovery)."""
+        q = self.queues.get(t.queue)
+        if q is None:  # the queue was removed from the config since this was journaled
+            return None
+        if t.kind is Kind.SUBSCRIBED:
+            q.apply(t)
+            self.subs[t.sub_id or ""] = q.subs[t.sub_id or ""]
+            return None
+        if t.kind is Kind.UNSUBSCRIBED:
+            self.subs.pop(t.sub_id or "", None)
+        return q.apply(t)
+
+    # -- internals -------------------------------------------------------------------------
+    def _do(self, t: Transition) -> Message | None:
+        msg = self.apply(t)
+        self._out.append(Journal(t))
+        self._touched.add(t.queue)
+        return msg
+
+    def _reject(self, client: str, request_id: str, message: str) -> None:
+        self._out.append(CommandRejected(client, request_id, message))
+
+    def _queue(self, name: str, client: str, request_id: str) -> QueueState | None:
+        q = self.queues.get(name)
+        if q is None:
+            known = ", ".join(sorted(self.queues)) or "none"
+            self._reject(client, request_id, f"unknown queue {name!r} (known queues: {known})")
+        return q
+
+    def _arrive(self, e: ev.MessageArrived, now: int) -> None:
+        q = self.queues.get(e.queue)
+        if q is None or e.bookmark in q.messages:
+            return
+        ts = e.timestamp_ms if e.timestamp_ms > 0 else now
+        t = Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq, timestamp_ms=ts)
+        self._do(t)
+
+    def _subscribe(self, e: ev.Subscribed, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id)
+        if q is None:
+            return
+        if e.max_backlog < 0:
+            self._reject(e.client, e.request_id, f"max_backlog must be >= 0, got {e.max_backlog}")
+            return
+        existing = self.subs.get(e.sub_id)
+        if existing is not None and (existing.client != e.client or existing.queue != e.queue):
+            self._reject(e.client, e.request_id, f"subscription id {e.sub_id!r} is taken")
+            return
+        if existing is None:
+            self._do(
+                Transition(
+                    Kind.SUBSCRIBED, q.name, now, sub_id=e.sub_id, client=e.client,
+                    max_backlog=e.max_backlog,
+                )
+            )
+        cap = self.subs[e.sub_id].cap
+        self._out.append(
+            Reply(e.client, e.request_id, {"sub_id": e.sub_id, "queue": q.name, "backlog": cap,
+                                            "heartbeat_ms": self.heartbeat_timeout_ms})
+        )
+
+    def _unsubscribe(self, e: ev.Unsubscribed, now: int) -> None:
+        sub = self.subs.get(e.sub_id)
+        if sub is not None and sub.client == e.client:
+            self._end_subscription(sub, now, Reason.UNSUBSCRIBED)
+        if e.request_id:
+            self._out.append(Reply(e.client, e.request_id, {"sub_id": e.sub_id}))
+
+    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
+        for sub in [s for s in self.subs.values() if s.client == client]:
+            self._end_subscription(sub, now, reason)
+
+    def _end_subscription(self, sub: Subscription, now: int, reason: Reason) -> None:
+        """Leases held by an ended subscription return at once."""
+        q = self.queues[sub.queue]
+        for bm in sorted(sub.held, key=lambda b: q.messages[b].seq):
+            self._give_back(q, q.messages[bm], now, reason)
+        self._do(Transition(Kind.UNSUBSCRIBED, q.name, now, sub_id=sub.sub_id, client=sub.client))
+
+    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
+                   cancel_count: int | None = None) -> None:
+        """A lease ends without an ack: the message returns, or leaves by policy."""
+        if msg.state is MessageState.SENT:
+            self._do(Transition(Kind.RELEASED, q.name, now, msg.bookmark, reason=reason.value))
+            return
+        cc = msg.cancel_count if cancel_count is None else cancel_count
+        cfg = q.config
+        expires = q.expires_at(msg)
+        why: Reason | None = None
+        if reason is Reason.CANCELLED and cfg.max_cancels and cc > cfg.max_cancels:
+            why = Reason.MAX_CANCELS
+        elif cfg.max_deliveries and msg.delivery_count >= cfg.max_deliveries:
+            why = Reason.MAX_DELIVERIES
+        elif expires is not None and expires <= now:
+            why = Reason.EXPIRED
+        if why is not None:
+            self._remove(q, msg, now, why, cancel_count=cc)
+        else:
+            self._do(Transition(Kind.RETURNED, q.name, now, msg.bookmark, cancel_count=cc,
+                                reason=reason.value))
+
+    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
+                cancel_count: int | None = None) -> None:
+        cc = msg.cancel_count if cancel_count is None else cancel_count
+        dc = msg.delivery_count
+        if q.config.dead_letter_topic:
+            # Copied before the removal is journaled: a crash between them duplicates, not loses.
+            self._out.append(DeadLetter(q.name, msg.bookmark, q.config.dead_letter_topic,
+                                        why.value, dc, cc))
+        self._do(Transition(Kind.REMOVED, q.name, now, msg.bookmark, cancel_count=cc,
+                            reason=why.value))
+
+    def _held_message(self, q: QueueState, client: str, bm: Bookmark,
+                      verb: str) -> tuple[Message | None, str | None]:
+        """The message `client` may act on, or the reason it may not."""
+        msg = q.messages.get(bm)
+        if msg is None:
+            return None, f"{verb} {bm}: not in queue {q.name} (already acked, removed or unknown)"
+        holder = self.subs.get(msg.holder) if msg.holder else None
+        if holder is not None and holder.client == client:
+            return msg, None
+        if q.config.leasing == "permissive" and any(
+            s.client == client for s in q.subs.values()
+        ):
+            return msg, None
+        if msg.state is MessageState.AVAILABLE:
+            return None, f"{verb} {bm}: not leased to {client} (it is available)"
+        return None, f"{verb} {bm}: leased to another subscriber (leasing is strict)"
+
+    def _ack(self, e: ev.Acked, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id)
+        if q is None:
+            return
+        problems = []
+        for bm in e.bookmarks:
+            msg, problem = self._held_message(q, e.client, bm, "ack")
+            if problem:
+                problems.append(problem)
+            elif msg is not None:
+                self._do(Transition(Kind.ACKED, q.name, now, bm, client=e.client))
+        if problems:
+            self._reject(e.client, e.request_id, "; ".join(problems))
+        elif e.request_id:
+            self._out.append(Reply(e.client, e.request_id, {"acked": len(e.bookmarks)}))
+
+    def _cancel(self, e: ev.Cancelled, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id)
+        if q is None:
+            return
+        msg, problem = self._held_message(q, e.client, e.bookmark, "cancel")
+        if problem or msg is None:
+            self._reject(e.client, e.request_id, problem or "")
+        elif msg.state is MessageState.AVAILABLE:
+            self._reject(e.client, e.request_id, f"cancel {e.bookmark}: it is not leased")
+        else:
+            self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1)
+
+    def _expire(self, e: ev.ExpireRequested, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id)
+        if q is None:
+            return
+        msg, problem = self._held_message(q, e.client, e.bookmark, "expire")
+        if problem or msg is None:
+            self._reject(e.client, e.request_id, problem or "")
+        elif msg.state is MessageState.SENT:
+            self._do(Transition(Kind.RELEASED, q.name, now, msg.bookmark,
+                                reason=Reason.EXPIRE_REQUESTED.value))
+        else:
+            self._remove(q, msg, now, Reason.EXPIRE_REQUESTED)
+
+    def _tick(self, now: int) -> None:
+        for q in self.queues.values():
+            self._lapse_leases(q, now)
+            self._expire_available(q, now)
+        silent = [c for c, seen in self.last_seen.items()
+                  if now - seen >= self.heartbeat_timeout_ms]
+        for client in silent:
+            self._drop_client(client, now, Reason.DISCONNECTED)
+            del self.last_seen[client]
+
+    def _lapse_leases(self, q: QueueState, now: int) -> None:
+        timers = q.lease_timers
+        while timers and timers[0][0] <= now:
+            deadline, dc, bm = heapq.heappop(timers)
+            msg = q.messages.get(bm)
+            if msg is None or msg.deadline_ms != deadline or msg.delivery_count != dc:
+                continue  # stale: acked, returned or re-leased since
+            self._give_back(q, msg, now, Reason.LAPSED)
+
+    def _expire_available(self, q: QueueState, now: int) -> None:
+        timers = q.expiry_timers
+        while timers and timers[0][0] <= now:
+            _, seq, bm = heapq.heappop(timers)
+            msg = q.messages.get(bm)
+            if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
+                self._remove(q, msg, now, Reason.EXPIRED)
+
+    def _dispatch(self, q: QueueState, now: int) -> None:
+        """Hand available messages, oldest first, to subscriptions with room."""
+        if not q.available or not q.subs:
+            return
+        pick = PICKERS[q.config.effective_fairness]
+        subs = list(q.subs.values())
+        at_most_once = q.config.at_most_once
+        lease_ms = q.config.lease_period.ms
+        while q.available:
+            sub = pick(subs, q.rr_last)
+            if sub is None:
+                return
+            _, msg = q.available.peekitem(0)
+            expires = q.expires_at(msg)
+            if expires is not None and expires <= now:
+                self._remove(q, msg, now, Reason.EXPIRED)
+                continue
+            q.rr_last = sub.sub_id
+            dc = msg.delivery_count + 1
+            deadline = now + lease_ms
+            kind = Kind.SENT if at_most_once else Kind.LEASED
+            self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
+                                client=sub.client, delivery_count=dc, deadline_ms=deadline))
+            self._out.append(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark, dc,
+                                     None if at_most_once else deadline))
+
+    # -- recovery --------------------------------------------------------------------------
+    def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],
+                now: int) -> None:
+        """Load one queue's stored state (messages first, then their subscriptions)."""
+        q = self.queues[queue]
+        for m in messages:
+            q.restore(m)
+        for t in subs:
+            self.apply(t)
+            self.last_seen.setdefault(t.client or "", now)
+
+    def queue(self, name: str) -> QueueState:
+        return self.queues[name]

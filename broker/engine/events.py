@@ -1,0 +1,84 @@
+"""What can happen to the engine: input events, all frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.values import Bookmark
+
+
+@dataclass(frozen=True, slots=True)
+class MessageArrived:
+    queue: str
+    bookmark: Bookmark
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribed:
+    client: str
+    sub_id: str
+    queue: str
+    max_backlog: int = 1
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribed:
+    client: str
+    sub_id: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientClosed:
+    """The client said goodbye: every subscription it holds ends now."""
+
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    client: str
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    client: str
+    queue: str
+    bookmarks: tuple[Bookmark, ...]
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    client: str
+    queue: str
+    bookmark: Bookmark
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireRequested:
+    client: str
+    queue: str
+    bookmark: Bookmark
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: lapse leases, expire messages, drop silent clients."""
+
+
+Event = (
+    MessageArrived
+    | Subscribed
+    | Unsubscribed
+    | ClientClosed
+    | Heartbeat
+    | Acked
+    | Cancelled
+    | ExpireRequested
+    | Tick
+)

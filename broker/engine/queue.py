@@ -1,0 +1,212 @@
+"""One queue's state: its messages, indexes, subscriptions and counters.
+
+`apply` is the only method that changes state; it is driven by the engine's decisions and, on
+recovery, by journaled transitions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sortedcontainers import SortedDict
+
+from broker.config import QueueConfig
+from broker.engine.states import MessageState, next_state
+from broker.engine.transitions import ACTION_OF, Kind, Transition
+from broker.errors import StateError
+from broker.values import Bookmark
+
+
+class Message:
+    """What the queue knows of one unfinished message (the payload lives in the store)."""
+
+    __slots__ = (
+        "bookmark",
+        "seq",
+        "timestamp_ms",
+        "state",
+        "delivery_count",
+        "cancel_count",
+        "holder",
+        "deadline_ms",
+    )
+
+    def __init__(
+        self,
+        bookmark: Bookmark,
+        seq: int,
+        timestamp_ms: int,
+        state: MessageState = MessageState.AVAILABLE,
+        delivery_count: int = 0,
+        cancel_count: int = 0,
+        holder: str | None = None,
+        deadline_ms: int | None = None,
+    ) -> None:
+        self.bookmark = bookmark
+        self.seq = seq
+        self.timestamp_ms = timestamp_ms
+        self.state = state
+        self.delivery_count = delivery_count
+        self.cancel_count = cancel_count
+        self.holder = holder  # sub_id of the lease holder (LEASED, SENT)
+        self.deadline_ms = deadline_ms
+
+    def __repr__(self) -> str:
+        return f"Message({self.bookmark}, {self.state.value}, dc={self.delivery_count})"
+
+
+@dataclass(eq=False)
+class Subscription:
+    sub_id: str
+    client: str
+    queue: str
+    max_backlog: int  # as asked by the subscriber
+    cap: int  # min(max_backlog, max_per_subscription_backlog)
+    held: set[Bookmark] = field(default_factory=set)
+
+    @property
+    def room(self) -> int:
+        return self.cap - len(self.held)
+
+
+@dataclass
+class QueueStats:
+    """Counters that survive restarts (they are stored with the queue)."""
+
+    next_seq: int = 0
+    enqueued: int = 0
+    acked: int = 0
+    delivered: int = 0
+    removed: Counter[str] = field(default_factory=Counter)
+    dead_lettered: int = 0
+
+
+class QueueState:
+    def __init__(self, config: QueueConfig) -> None:
+        self.config = config
+        self.messages: dict[Bookmark, Message] = {}
+        self.available: SortedDict = SortedDict()  # seq -> Message, oldest first
+        self.subs: dict[str, Subscription] = {}  # in subscription order
+        self.stats = QueueStats()
+        self.rr_last: str | None = None  # round-robin cursor: sub_id served last
+        # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
+        self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
+        self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    # -- reading ---------------------------------------------------------------------------
+    def expires_at(self, msg: Message) -> int | None:
+        exp = self.config.expiration
+        return msg.timestamp_ms + exp.ms if exp else None
+
+    def depth(self) -> int:
+        """Messages still in the queue: available and leased (sent ones have left)."""
+        return len(self.available) + self.leased_count()
+
+    def leased_count(self) -> int:
+        return sum(1 for m in self.messages.values() if m.state is MessageState.LEASED)
+
+    def oldest_timestamp(self) -> int | None:
+        live = [m.timestamp_ms for m in self.messages.values() if m.state is not MessageState.SENT]
+        return min(live) if live else None
+
+    def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Per source partition: the offset below which every message is finished."""
+        points = {tp: pos for tp, pos in positions.items() if self.config.topic_regex.search(tp[0])}
+        for m in self.messages.values():
+            tp = (m.bookmark.topic, m.bookmark.partition)
+            if tp in points:
+                points[tp] = min(points[tp], m.bookmark.offset)
+            else:
+                points[tp] = m.bookmark.offset
+        return points
+
+    # -- changing --------------------------------------------------------------------------
+    def apply(self, t: Transition) -> Message | None:
+        """Apply one transition. Return the message it touched (None for subscription kinds)."""
+        if t.kind is Kind.SUBSCRIBED:
+            self._subscribe(t)
+            return None
+        if t.kind is Kind.UNSUBSCRIBED:
+            self.subs.pop(t.sub_id or "", None)
+            if self.rr_last == t.sub_id:
+                self.rr_last = None
+            return None
+        assert t.bookmark is not None
+        if t.kind is Kind.ENQUEUED:
+            if t.bookmark in self.messages:
+                raise StateError(f"{t.bookmark} is already queued in {self.name}")
+            next_state(None, ACTION_OF[t.kind])
+            msg = Message(t.bookmark, t.seq, t.timestamp_ms)
+            self.messages[t.bookmark] = msg
+            self._make_available(msg)
+            self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
+            self.stats.enqueued += 1
+            return msg
+        msg = self.messages.get(t.bookmark)
+        if msg is None:
+            raise StateError(f"{t.bookmark} is not queued in {self.name}")
+        new_state = next_state(msg.state, ACTION_OF[t.kind])
+        self._leave(msg)
+        msg.state = new_state
+        msg.delivery_count = max(msg.delivery_count, t.delivery_count)
+        msg.cancel_count = max(msg.cancel_count, t.cancel_count)
+        if new_state in (MessageState.LEASED, MessageState.SENT):
+            msg.holder, msg.deadline_ms = t.sub_id, t.deadline_ms
+            sub = self.subs.get(t.sub_id or "")
+            if sub is not None:
+                sub.held.add(msg.bookmark)
+            if t.deadline_ms is not None:
+                heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
+            self.stats.delivered += 1
+        elif new_state is MessageState.AVAILABLE:
+            self._make_available(msg)
+        else:  # terminal
+            del self.messages[msg.bookmark]
+            if new_state is MessageState.ACKED:
+                self.stats.acked += 1
+            elif t.kind is Kind.REMOVED:
+                self.stats.removed[t.reason or "removed"] += 1
+                if self.config.dead_letter_topic:
+                    self.stats.dead_lettered += 1
+        return msg
+
+    def _subscribe(self, t: Transition) -> None:
+        assert t.sub_id is not None and t.client is not None
+        cap = min(t.max_backlog, self.config.max_per_subscription_backlog)
+        sub = Subscription(t.sub_id, t.client, self.name, t.max_backlog, cap)
+        sub.held = {
+            m.bookmark
+            for m in self.messages.values()
+            if m.holder == t.sub_id and m.state in (MessageState.LEASED, MessageState.SENT)
+        }
+        self.subs[t.sub_id] = sub
+
+    def _make_available(self, msg: Message) -> None:
+        msg.holder = msg.deadline_ms = None
+        self.available[msg.seq] = msg
+        expires = self.expires_at(msg)
+        if expires is not None:
+            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+
+    def _leave(self, msg: Message) -> None:
+        """Take the message out of the index of the state it is leaving."""
+        if msg.state is MessageState.AVAILABLE:
+            self.available.pop(msg.seq, None)
+        elif msg.holder is not None:
+            sub = self.subs.get(msg.holder)
+            if sub is not None:
+                sub.held.discard(msg.bookmark)
+
+    def restore(self, msg: Message) -> None:
+        """Put back a message loaded from the store (recovery, not a transition)."""
+        self.messages[msg.bookmark] = msg
+        if msg.state is MessageState.AVAILABLE:
+            self._make_available(msg)
+        elif msg.deadline_ms is not None:
+            heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, msg.bookmark))

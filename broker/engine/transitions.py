@@ -1,0 +1,68 @@
+"""Journal entries: every change of queue state, as data.
+
+The engine decides a change, turns it into a `Transition`, and applies it with
+`QueueState.apply`. Recovery replays journaled transitions through the same `apply`, so the
+live path and the replay path cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from broker.engine.states import Action
+from broker.values import Bookmark
+
+
+class Kind(StrEnum):
+    ENQUEUED = "enqueued"
+    LEASED = "leased"
+    SENT = "sent"
+    ACKED = "acked"
+    RETURNED = "returned"
+    REMOVED = "removed"
+    RELEASED = "released"
+    SUBSCRIBED = "subscribed"
+    UNSUBSCRIBED = "unsubscribed"
+
+
+# The message action each message-level kind performs.
+ACTION_OF: dict[Kind, Action] = {
+    Kind.ENQUEUED: Action.ENQUEUE,
+    Kind.LEASED: Action.LEASE,
+    Kind.SENT: Action.SEND,
+    Kind.ACKED: Action.ACK,
+    Kind.RETURNED: Action.RETURN,
+    Kind.REMOVED: Action.REMOVE,
+    Kind.RELEASED: Action.RELEASE,
+}
+
+
+class Reason(StrEnum):
+    """Why a message was returned or removed (`kq-reason` on dead letters)."""
+
+    LAPSED = "lapsed"
+    CANCELLED = "cancelled"
+    UNSUBSCRIBED = "unsubscribed"
+    DISCONNECTED = "disconnected"
+    MAX_DELIVERIES = "max-deliveries"
+    MAX_CANCELS = "max-cancels"
+    EXPIRED = "expired"
+    EXPIRE_REQUESTED = "expire-requested"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    kind: Kind
+    queue: str
+    at_ms: int
+    bookmark: Bookmark | None = None
+    sub_id: str | None = None
+    client: str | None = None
+    delivery_count: int = 0
+    cancel_count: int = 0
+    deadline_ms: int | None = None
+    reason: str | None = None
+    seq: int = 0  # ENQUEUED: arrival order within the queue
+    timestamp_ms: int = 0  # ENQUEUED: the record's timestamp
+    max_backlog: int = 0  # SUBSCRIBED: what the subscriber asked for

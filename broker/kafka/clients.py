@@ -1,0 +1,91 @@
+"""Kafka clients configured the kq way: pass-through settings, quiet logs, fast polls."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from broker.errors import KafkaUnavailableError
+
+log = logging.getLogger("kq.kafka")
+
+Settings = Mapping[str, Any]
+
+_QUIET = logging.getLogger("kq.librdkafka")
+_QUIET.setLevel(logging.CRITICAL)
+
+
+def base_config(bootstrap: str, extra: Settings | None = None) -> dict[str, Any]:
+    # librdkafka logs every failed connection; the reachability check reports those itself.
+    cfg: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET,
+                           "error_cb": lambda err: None}
+    cfg.update(extra or {})
+    return cfg
+
+
+def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Producer:
+    cfg = base_config(bootstrap, extra)
+    cfg.update({"linger.ms": 2, "enable.idempotence": True, "acks": "all"})
+    cfg.update(overrides)
+    return Producer(cfg)
+
+
+def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Consumer:
+    cfg = base_config(bootstrap, extra)
+    cfg.update({
+        "group.id": "kq-unused",  # required by librdkafka; kq assigns and stores offsets itself
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": 10,
+        "enable.partition.eof": False,
+    })
+    cfg.update(overrides)
+    return Consumer(cfg)
+
+
+def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
+    return AdminClient(base_config(bootstrap, extra))
+
+
+def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: float = 10.0) -> None:
+    """Raise KafkaUnavailableError (naming the address) unless Kafka answers within `timeout`."""
+    try:
+        admin(bootstrap, extra).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise KafkaUnavailableError(bootstrap, str(exc.args[0].str())) from None
+
+
+def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, int]:
+    """Every topic (internal ones excluded) and its number of partitions."""
+    md = client.list_topics(timeout=timeout)
+    return {name: len(t.partitions) for name, t in md.topics.items()
+            if not name.startswith("__") and t.error is None}
+
+
+def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1) -> None:
+    """Create the topics that do not exist yet; existing ones are left alone."""
+    existing = set(topic_partitions(client))
+    wanted = [NewTopic(n, partitions, 1) for n in names if n not in existing]
+    if not wanted:
+        return
+    for name, future in client.create_topics(wanted, operation_timeout=10).items():
+        try:
+            future.result()
+        except KafkaException as exc:
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+
+
+def end_offset(c: Consumer, topic: str, partition: int, timeout: float = 10.0) -> int:
+    """The high watermark as the broker reports it.
+
+    The embedded broker may under-report it after a multi-record write, so callers may only
+    use it as a place to start reading from, never as proof that nothing follows.
+    """
+    _, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+    return int(high)

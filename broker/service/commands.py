@@ -1,0 +1,68 @@
+"""Commands from PREFIX.commands, decoded into engine events (or a query)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from broker import wire
+from broker.engine import events as ev
+from broker.values import Bookmark
+
+
+@dataclass(frozen=True)
+class Query:
+    client: str
+    request_id: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A command that could not be understood; `client` is known when the record said it."""
+
+    client: str | None
+    request_id: str
+    message: str
+
+
+def decode_command(value: bytes | None) -> list[ev.Event | Query | Invalid]:
+    try:
+        c = wire.decode("command", value or b"")
+    except ValueError as exc:
+        return [Invalid(None, "", str(exc))]
+    client, rid, kind = c["client"], c["request_id"], c["type"]
+    try:
+        return _events(c, client, rid, kind)
+    except (ValueError, KeyError) as exc:
+        return [Invalid(client, rid, f"bad {kind} command: {exc}")]
+
+
+def _events(c: dict[str, Any], client: str, rid: str,
+            kind: str) -> list[ev.Event | Query | Invalid]:
+    queue = c["queue"] or ""
+    bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
+    match kind:
+        case "subscribe":
+            if c["filter"]:
+                return [Invalid(client, rid, "not supported yet: subscription filters")]
+            if c["mode"] not in (None, "", "queue"):
+                return [Invalid(client, rid, f"not supported yet: mode={c['mode']!r}")]
+            backlog = 1 if c["max_backlog"] is None else int(c["max_backlog"])
+            return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid)]
+        case "unsubscribe":
+            return [ev.Unsubscribed(client, c["sub_id"] or "", rid)]
+        case "close":
+            return [ev.ClientClosed(client)]
+        case "heartbeat":
+            return [ev.Heartbeat(client)]
+        case "ack":
+            return [ev.Acked(client, queue, bookmarks, rid)]
+        case "cancel":
+            return [ev.Cancelled(client, queue, b, rid) for b in bookmarks]
+        case "expire":
+            return [ev.ExpireRequested(client, queue, b, rid) for b in bookmarks]
+        case "query":
+            return [Query(client, rid, json.loads(c["query"] or "{}"))]
+    return [Invalid(client, rid, f"unknown command type {kind!r}")]

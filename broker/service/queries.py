@@ -1,0 +1,81 @@
+"""Answers to the CLI's read-only queries, computed from the engine's state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.engine.engine import Engine
+from broker.engine.queue import QueueState
+from broker.engine.states import MessageState
+from broker.errors import CommandError
+
+
+def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
+    oldest = q.oldest_timestamp()
+    return {
+        "queue": q.name,
+        "semantics": q.config.semantics,
+        "depth": q.depth(),
+        "available": len(q.available),
+        "leased": q.leased_count(),
+        "subscribers": subscribers,
+        "oldest_age_ms": None if oldest is None else max(0, now - oldest),
+        "enqueued": q.stats.enqueued,
+        "delivered": q.stats.delivered,
+        "acked": q.stats.acked,
+        "removed": dict(q.stats.removed),
+        "dead_lettered": q.stats.dead_lettered,
+    }
+
+
+def answer(engine: Engine, args: dict[str, Any], now: int,
+           positions: dict[tuple[str, int], int]) -> dict[str, Any]:
+    what = args.get("what")
+    if what == "queues":
+        return {"queues": [queue_row(q, now, len(q.subs)) for q in engine.queues.values()]}
+    if what == "inspect":
+        return _inspect(engine, args, now, positions)
+    if what == "subscribers":
+        name = args.get("queue")
+        if name and name not in engine.queues:
+            raise CommandError(f"unknown queue {name!r}")
+        rows = [
+            {"sub_id": s.sub_id, "client": s.client, "queue": s.queue,
+             "max_backlog": s.max_backlog, "backlog": s.cap, "leased": len(s.held),
+             "last_heartbeat_ms": engine.last_seen.get(s.client)}
+            for s in engine.subs.values() if not name or s.queue == name
+        ]
+        return {"subscribers": rows}
+    raise CommandError(f"unknown query {what!r}")
+
+
+def _inspect(engine: Engine, args: dict[str, Any], now: int,
+             positions: dict[tuple[str, int], int]) -> dict[str, Any]:
+    name = args.get("queue", "")
+    q = engine.queues.get(name)
+    if q is None:
+        raise CommandError(f"unknown queue {name!r} (known queues: {', '.join(engine.queues)})")
+    state = args.get("state")
+    if state and state not in (s.value for s in MessageState):
+        raise CommandError(f"unknown state {state!r}")
+    limit = int(args.get("limit") or 100)
+    rows = []
+    for m in sorted(q.messages.values(), key=lambda m: m.seq):
+        if state and m.state.value != state:
+            continue
+        holder = engine.subs.get(m.holder) if m.holder else None
+        rows.append({
+            "bookmark": str(m.bookmark), "state": m.state.value, "seq": m.seq,
+            "age_ms": max(0, now - m.timestamp_ms), "delivery_count": m.delivery_count,
+            "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
+            "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms,
+        })
+        if len(rows) >= limit:
+            break
+    points = q.recovery_points(positions)
+    return {
+        "summary": queue_row(q, now, len(q.subs)),
+        "messages": rows,
+        "recovery_points": [{"topic": t, "partition": p, "offset": o}
+                            for (t, p), o in sorted(points.items())],
+    }

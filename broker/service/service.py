@@ -1,0 +1,255 @@
+"""`kq serve`: poll a batch, turn records into events, run the engine, commit.
+
+No queue rule lives here. The commit order is `broker.service.commit`'s; start-up recovery is
+`broker.service.recovery`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import Message as KafkaMessage
+
+from broker import wire
+from broker.config import Config
+from broker.engine import events as ev
+from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Journal, Reply
+from broker.engine.engine import Engine
+from broker.errors import CommandError, StateError
+from broker.kafka import clients
+from broker.service.commands import Invalid, Query, decode_command
+from broker.service.commit import Committer, OutRecord, Outbox
+from broker.service.metrics import Metrics
+from broker.service.queries import answer
+from broker.service.recovery import recover
+from broker.service.routing import Router
+from broker.state.layout import Checkpoint, Payload, load_payload
+from broker.state.rocks import RocksStore
+from broker.state.store import Store
+from broker.values import Bookmark
+
+log = logging.getLogger("kq.service")
+
+BATCH_SIZE = 1000
+POLL_TIMEOUT_S = 0.02
+TOPIC_REFRESH_S = 2.0
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Topics:
+    prefix: str
+
+    @property
+    def commands(self) -> str:
+        return f"{self.prefix}.commands"
+
+    @property
+    def journal(self) -> str:
+        return f"{self.prefix}.journal"
+
+    def deliver(self, client: str) -> str:
+        return f"{self.prefix}.deliver.{client}"
+
+
+@dataclass
+class _Batch:
+    """What one poll produced, on its way to the commit."""
+
+    cp: Checkpoint = field(default_factory=Checkpoint)
+    outbox: Outbox = field(default_factory=Outbox)
+
+
+class Service:
+    def __init__(self, config: Config, bootstrap_servers: str, store: Store | None = None):
+        self.config = config
+        svc = config.service
+        self.bootstrap = bootstrap_servers
+        self.kafka_extra: dict[str, Any] = dict(svc.kafka)
+        self.topics = Topics(svc.topic_prefix)
+        self.router = Router(config.queue, svc.topic_prefix)
+        self.engine = Engine(config.queue, svc.heartbeat_timeout.ms)
+        self._store = store
+        self.positions: dict[tuple[str, int], int] = {}
+        self.metrics = Metrics(self.engine)
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+        self._assigned: set[tuple[str, int]] = set()
+        self._last_refresh = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        """Connect, recover, then serve until `stop()`."""
+        clients.check_reachable(self.bootstrap, self.kafka_extra)
+        self._admin = clients.admin(self.bootstrap, self.kafka_extra)
+        clients.ensure_topics(self._admin, [self.topics.commands, self.topics.journal])
+        store = self._store or RocksStore(self.config.service.data_dir)
+        self._store = store
+        self._producer = clients.producer(self.bootstrap, self.kafka_extra)
+        self._consumer = clients.consumer(self.bootstrap, self.kafka_extra)
+        try:
+            self._committer = Committer(self._producer, store, self.engine,
+                                        self.topics.journal, next_batch=0)
+            rec = recover(store, self.engine, self._consumer, self.topics.journal,
+                          self._committer.write_marker, now_ms())
+            self._committer.next_batch = rec.next_batch
+            self.positions = rec.positions
+            self._assign_commands()
+            self._refresh_topics(force=True)
+            self.ready.set()
+            while not self._stop.is_set():
+                self._step()
+        finally:
+            self._consumer.close()
+            self._producer.flush(5)
+            store.close()
+
+    # -- one iteration ---------------------------------------------------------------------
+    def _step(self) -> None:
+        self._refresh_topics()
+        records = self._consumer.consume(BATCH_SIZE, POLL_TIMEOUT_S)
+        now = now_ms()
+        batch = _Batch()
+        for rec in records:
+            err = rec.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", err.str())
+                continue
+            topic, partition, offset = rec.topic(), rec.partition(), rec.offset()
+            batch.cp.positions[(topic, partition)] = offset + 1
+            if topic == self.topics.commands:
+                self._command(rec, now, batch)
+            else:
+                self._source_record(rec, now, batch)
+        self._run(ev.Tick(), now, batch)
+        self._committer.commit(batch.cp, batch.outbox)
+        self.positions.update(batch.cp.positions)
+        self.metrics.observe(batch.cp.transitions, records_in=len(records))
+
+    def _source_record(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
+        topic = rec.topic()
+        bm = Bookmark(topic, rec.partition(), rec.offset())
+        queues = self.router.queues_of(topic)
+        target = self.router.forward_target(topic)
+        if target is not None:
+            headers = list(rec.headers() or []) + [("kq-forwarded-from", str(bm).encode())]
+            batch.outbox.copies.append(OutRecord(target, rec.value(), rec.key(), headers))
+        if not queues:
+            return
+        ts = rec.timestamp()[1]
+        batch.cp.payloads[bm] = Payload(rec.key(), rec.value(), list(rec.headers() or []), ts)
+        for name in queues:
+            self._run(ev.MessageArrived(name, bm, ts), now, batch)
+
+    def _command(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
+        for item in decode_command(rec.value()):
+            if isinstance(item, Invalid):
+                log.warning("rejected command from %s: %s", item.client or "?", item.message)
+                self.metrics.bad_commands.inc()
+                if item.client:
+                    self._reply(batch, item.client, item.request_id, error=item.message)
+            elif isinstance(item, Query):
+                try:
+                    body = answer(self.engine, item.args, now, self.positions)
+                except CommandError as exc:
+                    self._reply(batch, item.client, item.request_id, error=str(exc))
+                else:
+                    self._reply(batch, item.client, item.request_id, body=body)
+            else:
+                self._run(item, now, batch)
+
+    def _run(self, event: ev.Event, now: int, batch: _Batch) -> None:
+        for effect in self.engine.handle(event, now):
+            match effect:
+                case Journal(transition=t):
+                    batch.cp.transitions.append(t)
+                case Deliver():
+                    self._deliver(effect, batch)
+                case DeadLetter():
+                    self._dead_letter(effect, batch)
+                case Reply():
+                    self._reply(batch, effect.client, effect.request_id, body=effect.body)
+                case CommandRejected():
+                    log.info("rejected command from %s: %s", effect.client, effect.message)
+                    self._reply(batch, effect.client, effect.request_id, error=effect.message)
+
+    # -- effects ---------------------------------------------------------------------------
+    def _payload(self, bm: Bookmark, batch: _Batch) -> Payload | None:
+        assert self._store is not None
+        return batch.cp.payloads.get(bm) or load_payload(self._store, bm)
+
+    def _deliver(self, d: Deliver, batch: _Batch) -> None:
+        p = self._payload(d.bookmark, batch)
+        if p is None:
+            raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
+        env = wire.encode("envelope", {
+            "kind": "message", "request_id": "", "sub_id": d.sub_id, "queue": d.queue,
+            "bookmark": str(d.bookmark), "delivery_count": d.delivery_count,
+            "lease_deadline_ms": d.lease_deadline_ms, "is_barrier": d.is_barrier,
+            "format": self.engine.queues[d.queue].config.format, "key": p.key, "value": p.value,
+            "headers": [{"key": k, "value": v} for k, v in p.headers],
+            "timestamp_ms": p.timestamp_ms, "body": None, "error": None,
+        })
+        batch.outbox.deliveries.append(OutRecord(self.topics.deliver(d.client), env))
+
+    def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
+        p = self._payload(d.bookmark, batch)
+        if p is None:
+            raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
+        headers = list(p.headers) + [
+            ("kq-reason", d.reason.encode()), ("kq-queue", d.queue.encode()),
+            ("kq-bookmark", str(d.bookmark).encode()),
+            ("kq-delivery-count", str(d.delivery_count).encode()),
+            ("kq-cancel-count", str(d.cancel_count).encode()),
+        ]
+        batch.outbox.copies.append(OutRecord(d.topic, p.value, p.key, headers))
+
+    def _reply(self, batch: _Batch, client: str, request_id: str,
+               body: dict[str, Any] | None = None, error: str | None = None) -> None:
+        env = wire.encode("envelope", {
+            "kind": "error" if error else "reply", "request_id": request_id,
+            "body": json.dumps(body) if body is not None else None, "error": error,
+        })
+        batch.outbox.deliveries.append(OutRecord(self.topics.deliver(client), env))
+
+    # -- inputs ----------------------------------------------------------------------------
+    def _assign_commands(self) -> None:
+        tp = (self.topics.commands, 0)
+        if tp not in self.positions:
+            # Commands sent before a fresh start are stale: begin at the current end.
+            self.positions[tp] = clients.end_offset(self._consumer, *tp)
+        self._assign([tp])
+
+    def _refresh_topics(self, force: bool = False) -> None:
+        """Pick up underlying topics (and partitions) that appeared since the last look."""
+        if not force and time.monotonic() - self._last_refresh < TOPIC_REFRESH_S:
+            return
+        self._last_refresh = time.monotonic()
+        try:
+            topics = clients.topic_partitions(self._admin, timeout=5)
+        except Exception as exc:  # a slow metadata answer must not stop serving
+            log.warning("could not list topics: %s", exc)
+            return
+        new = [(t, p) for t, n in topics.items() if self.router.wanted(t)
+               for p in range(n) if (t, p) not in self._assigned]
+        if new:
+            log.info("reading %s", ", ".join(f"{t}/{p}" for t, p in new))
+            self._assign(new)
+
+    def _assign(self, tps: list[tuple[str, int]]) -> None:
+        self._consumer.incremental_assign(
+            [TopicPartition(t, p, self.positions.get((t, p), 0)) for t, p in tps])
+        self._assigned.update(tps)

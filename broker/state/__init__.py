@@ -1,0 +1,1 @@
+"""Durable queue state: a small store interface with memory and RocksDB backends."""

@@ -1,0 +1,189 @@
+"""How queue state is laid out in the store, and how it is written and loaded.
+
+Keys (bytes, NUL-separated so a prefix scan never crosses into a neighbour):
+  m/QUEUE/BOOKMARK   one unfinished message of a queue (StoredMessage)
+  p/BOOKMARK         the record of an unfinished message, shared by every queue holding it
+  s/SUB_ID           a live subscription (JSON)
+  q/QUEUE            a queue's counters (StoredQueue)
+  o/TOPIC/PARTITION  the next input offset to read
+  meta/journal       the journal offset and batch number this state reflects (JSON)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import wire
+from broker.engine.engine import Engine
+from broker.engine.queue import Message, QueueStats
+from broker.engine.states import MessageState
+from broker.engine.transitions import Kind, Transition
+from broker.state.store import Store
+from broker.values import Bookmark
+
+SEP = b"\x00"
+META_JOURNAL = b"meta" + SEP + b"journal"
+
+
+def message_key(queue: str, bm: Bookmark) -> bytes:
+    return b"m" + SEP + queue.encode() + SEP + str(bm).encode()
+
+
+def payload_key(bm: Bookmark) -> bytes:
+    return b"p" + SEP + str(bm).encode()
+
+
+def sub_key(sub_id: str) -> bytes:
+    return b"s" + SEP + sub_id.encode()
+
+
+def queue_key(queue: str) -> bytes:
+    return b"q" + SEP + queue.encode()
+
+
+def offset_key(topic: str, partition: int) -> bytes:
+    return b"o" + SEP + topic.encode() + SEP + str(partition).encode()
+
+
+@dataclass
+class Payload:
+    """A source record as the subscriber will see it."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    timestamp_ms: int
+
+    def encode(self) -> bytes:
+        return wire.encode("stored_payload", {
+            "key": self.key, "value": self.value, "timestamp_ms": self.timestamp_ms,
+            "headers": [{"key": k, "value": v} for k, v in self.headers],
+        })
+
+    @classmethod
+    def decode(cls, data: bytes) -> Payload:
+        r = wire.decode("stored_payload", data)
+        headers = [(h["key"], h["value"]) for h in r["headers"]]
+        return cls(r["key"], r["value"], headers, r["timestamp_ms"])
+
+
+def encode_message(m: Message) -> bytes:
+    return wire.encode("stored_message", {
+        "seq": m.seq, "timestamp_ms": m.timestamp_ms, "state": m.state.value,
+        "delivery_count": m.delivery_count, "cancel_count": m.cancel_count,
+        "holder": m.holder, "deadline_ms": m.deadline_ms,
+    })
+
+
+def decode_message(bm: Bookmark, data: bytes) -> Message:
+    r = wire.decode("stored_message", data)
+    return Message(bm, r["seq"], r["timestamp_ms"], MessageState(r["state"]),
+                   r["delivery_count"], r["cancel_count"], r["holder"], r["deadline_ms"])
+
+
+def encode_stats(s: QueueStats) -> bytes:
+    return wire.encode("stored_queue", {
+        "next_seq": s.next_seq, "enqueued": s.enqueued, "acked": s.acked,
+        "delivered": s.delivered, "dead_lettered": s.dead_lettered, "removed": dict(s.removed),
+    })
+
+
+def decode_stats(data: bytes) -> QueueStats:
+    r = wire.decode("stored_queue", data)
+    return QueueStats(r["next_seq"], r["enqueued"], r["acked"], r["delivered"],
+                      Counter(r["removed"]), r["dead_lettered"])
+
+
+@dataclass
+class Checkpoint:
+    """Everything one batch changed, gathered so it can be written in one atomic batch."""
+
+    transitions: list[Transition] = field(default_factory=list)
+    payloads: dict[Bookmark, Payload] = field(default_factory=dict)
+    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    journal_offset: int | None = None
+    batch: int = 0
+
+    def write(self, store: Store, engine: Engine) -> None:
+        """Write the engine's current state of every key the transitions touched."""
+        puts: dict[bytes, bytes] = {}
+        deletes: list[bytes] = []
+        touched_queues: set[str] = set()
+        touched_payloads: set[Bookmark] = set(self.payloads)
+        for t in self.transitions:
+            q = engine.queues.get(t.queue)
+            if q is None:
+                continue
+            touched_queues.add(t.queue)
+            if t.bookmark is not None:
+                msg = q.messages.get(t.bookmark)
+                key = message_key(t.queue, t.bookmark)
+                if msg is None:
+                    deletes.append(key)
+                else:
+                    puts[key] = encode_message(msg)
+                touched_payloads.add(t.bookmark)
+            elif t.sub_id is not None:
+                sub = q.subs.get(t.sub_id)
+                if sub is None:
+                    deletes.append(sub_key(t.sub_id))
+                else:
+                    puts[sub_key(t.sub_id)] = json.dumps({
+                        "sub_id": sub.sub_id, "client": sub.client, "queue": sub.queue,
+                        "max_backlog": sub.max_backlog}).encode()
+        for bm in touched_payloads:
+            if any(bm in q.messages for q in engine.queues.values()):
+                if bm in self.payloads:
+                    puts[payload_key(bm)] = self.payloads[bm].encode()
+            else:
+                deletes.append(payload_key(bm))
+        for name in touched_queues:
+            puts[queue_key(name)] = encode_stats(engine.queues[name].stats)
+        for (topic, partition), offset in self.positions.items():
+            puts[offset_key(topic, partition)] = str(offset).encode()
+        if self.journal_offset is not None:
+            puts[META_JOURNAL] = json.dumps(
+                {"offset": self.journal_offset, "batch": self.batch}).encode()
+        store.write(puts, deletes)
+
+
+def load_positions(store: Store) -> dict[tuple[str, int], int]:
+    positions = {}
+    for key, value in store.scan(b"o" + SEP):
+        _, topic, partition = key.split(SEP)
+        positions[(topic.decode(), int(partition))] = int(value)
+    return positions
+
+
+def load_meta(store: Store) -> dict[str, Any]:
+    raw = store.get(META_JOURNAL)
+    return json.loads(raw) if raw else {"offset": -1, "batch": 0}
+
+
+def load_engine(store: Store, engine: Engine, now: int) -> None:
+    """Fill a fresh engine with everything the store holds."""
+    subs_by_queue: dict[str, list[Transition]] = {}
+    for _, value in store.scan(b"s" + SEP):
+        s = json.loads(value)
+        subs_by_queue.setdefault(s["queue"], []).append(Transition(
+            Kind.SUBSCRIBED, s["queue"], now, sub_id=s["sub_id"], client=s["client"],
+            max_backlog=s["max_backlog"]))
+    for name, q in engine.queues.items():
+        raw = store.get(queue_key(name))
+        if raw:
+            q.stats = decode_stats(raw)
+        prefix = b"m" + SEP + name.encode() + SEP
+        messages: Iterable[Message] = (
+            decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
+            for k, v in store.scan(prefix)
+        )
+        engine.restore(name, messages, subs_by_queue.get(name, []), now)
+
+
+def load_payload(store: Store, bm: Bookmark) -> Payload | None:
+    raw = store.get(payload_key(bm))
+    return Payload.decode(raw) if raw else None

@@ -1,0 +1,40 @@
+"""The store interface and its in-memory implementation (for tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol
+
+
+class Store(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Every (key, value) whose key starts with `prefix`, in key order."""
+        ...
+
+    def write(self, puts: Mapping[bytes, bytes], deletes: Iterable[bytes]) -> None:
+        """Apply all puts and deletes atomically: all of them land or none."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._data: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(k for k in self._data if k.startswith(prefix)):
+            yield key, self._data[key]
+
+    def write(self, puts: Mapping[bytes, bytes], deletes: Iterable[bytes]) -> None:
+        for key in deletes:
+            self._data.pop(key, None)
+        self._data.update(puts)
+
+    def close(self) -> None:
+        pass

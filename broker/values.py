@@ -1,0 +1,58 @@
+"""Small value types: durations and bookmarks, parsed once and passed around typed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Duration:
+    """A length of time, held in whole milliseconds."""
+
+    ms: int
+
+    @classmethod
+    def parse(cls, text: str) -> Duration:
+        """Parse `500ms`, `30s`, `5m`, `1h`, `1d`; raise ValueError naming the accepted forms."""
+        match = _DURATION.match(text) if isinstance(text, str) else None
+        if not match:
+            raise ValueError(
+                f"bad duration {text!r}: use a number and a unit, e.g. 500ms, 30s, 5m, 1h, 1d"
+            )
+        return cls(int(float(match.group(1)) * _UNIT_MS[match.group(2)]))
+
+    @property
+    def seconds(self) -> float:
+        return self.ms / 1000.0
+
+    def __str__(self) -> str:
+        for unit in ("d", "h", "m", "s"):
+            size = _UNIT_MS[unit]
+            if self.ms and self.ms % size == 0:
+                return f"{self.ms // size}{unit}"
+        return f"{self.ms}ms"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Bookmark:
+    """A message's identity in the log: TOPIC/PARTITION/OFFSET."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    @classmethod
+    def parse(cls, text: str) -> Bookmark:
+        """Parse `ORDERS/0/1234`; the topic itself may contain `/`."""
+        topic, sep, rest = text.rpartition("/")
+        topic, sep2, partition = topic.rpartition("/")
+        if not (sep and sep2 and topic and partition.isdigit() and rest.isdigit()):
+            raise ValueError(f"bad bookmark {text!r}: expected TOPIC/PARTITION/OFFSET")
+        return cls(topic, int(partition), int(rest))
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}/{self.offset}"

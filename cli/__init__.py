@@ -1,0 +1,1 @@
+"""The `kq` command line."""

@@ -1,0 +1,26 @@
+"""The `kq` Typer app: thin commands that parse, call broker code and render."""
+
+from __future__ import annotations
+
+import typer
+
+from cli import inspect, manual, serve
+
+app = typer.Typer(
+    name="kq",
+    help="Message-queue semantics on Kafka: run the service, inspect queues, publish, consume.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command()(serve.serve)
+app.command()(serve.broker)
+app.command()(inspect.queues)
+app.command()(inspect.inspect)
+app.command()(inspect.subscribers)
+app.command()(manual.publish)
+app.command()(manual.consume)
+
+if __name__ == "__main__":
+    app()

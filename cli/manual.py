@@ -1,0 +1,101 @@
+"""Quick manual use: `kq publish` and `kq consume`."""
+
+from __future__ import annotations
+
+import json as jsonlib
+from typing import Annotated
+
+import typer
+
+from broker.client import QueueClient
+from broker.kafka import clients
+from cli.common import (
+    EXIT_USAGE,
+    BootstrapOpt,
+    ConfigOpt,
+    JsonOpt,
+    bootstrap_of,
+    console,
+    errors_to_exit_codes,
+    fail,
+    load,
+)
+
+
+def publish(
+    topic: Annotated[str, typer.Argument(help="Underlying Kafka topic to write to.")],
+    payload: Annotated[str, typer.Argument(help="The message: a JSON document.")],
+    key: Annotated[str | None, typer.Option(help="Record key.")] = None,
+    header: Annotated[list[str] | None, typer.Option(
+        help="NAME=VALUE, repeatable (e.g. kq-expiration=5000).")] = None,
+    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
+) -> None:
+    """Publish one JSON message to a topic with a plain Kafka producer; print its bookmark."""
+    try:
+        jsonlib.loads(payload)
+    except ValueError as exc:
+        fail(f"the payload is not JSON: {exc}", EXIT_USAGE)
+    headers = []
+    for h in header or []:
+        name, sep, value = h.partition("=")
+        if not sep:
+            fail(f"bad --header {h!r}: use NAME=VALUE", EXIT_USAGE)
+        headers.append((name, value.encode()))
+    cfg = load(config)
+    bootstrap = bootstrap_of(bootstrap_servers, cfg)
+    extra = dict(cfg.service.kafka)
+    with errors_to_exit_codes():
+        clients.check_reachable(bootstrap, extra)
+    result: dict[str, str] = {}
+    producer = clients.producer(bootstrap, extra)
+
+    def on_delivery(err, msg) -> None:  # noqa: ANN001
+        if err is None:
+            result["bookmark"] = f"{msg.topic()}/{msg.partition()}/{msg.offset()}"
+        else:
+            result["error"] = err.str()
+
+    producer.produce(topic, payload.encode(), key.encode() if key else None, headers=headers,
+                     on_delivery=on_delivery)
+    producer.flush(15)
+    if "bookmark" not in result:
+        fail(f"publish to {topic} failed: {result.get('error', 'not acknowledged in 15s')}")
+    if json:
+        console.print_json(jsonlib.dumps(result))
+    else:
+        console.print(f"published {result['bookmark']}")
+
+
+def consume(
+    queue: Annotated[str, typer.Argument(help="Queue to subscribe to.")],
+    count: Annotated[int, typer.Option(help="Stop after this many messages (0: no limit).")] = 0,
+    timeout: Annotated[float, typer.Option(help="Stop after this many seconds with nothing "
+                                           "new.")] = 5.0,
+    max_backlog: Annotated[int, typer.Option(help="Messages leased at once.")] = 1,
+    ack: Annotated[bool, typer.Option(help="Acknowledge each message (else cancel it).")] = True,
+    name: Annotated[str | None, typer.Option(help="Client name (default: unique).")] = None,
+    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
+) -> None:
+    """Subscribe to a queue and print what arrives, acknowledging each message."""
+    cfg = load(config)
+    seen = 0
+    with errors_to_exit_codes(), QueueClient(
+            bootstrap_of(bootstrap_servers, cfg), name=name,
+            topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
+        sub = c.subscribe(queue, max_backlog=max_backlog)
+        for msg in sub.messages(timeout=timeout):
+            row = {"bookmark": msg.bookmark, "delivery_count": msg.delivery_count,
+                   "data": msg.data if msg.data is not None else
+                   (msg.value or b"").decode("utf-8", "replace")}
+            if json:
+                print(jsonlib.dumps(row), flush=True)
+            else:
+                console.print(f"[bold]{msg.bookmark}[/] (delivery {msg.delivery_count}): "
+                              f"{jsonlib.dumps(row['data'])}", highlight=False)
+            msg.ack() if ack else msg.cancel()
+            seen += 1
+            if count and seen >= count:
+                break
+        sub.close()
+    if not json:
+        console.print(f"{seen} message(s)")

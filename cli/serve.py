@@ -1,0 +1,99 @@
+"""`kq serve` and `kq broker`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from broker.errors import StateError
+from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError
+from cli.common import (
+    EXIT_FAILURE,
+    BootstrapOpt,
+    ConfigOpt,
+    console,
+    errors_to_exit_codes,
+    fail,
+    load,
+)
+
+EMBEDDED_NOTE = "embedded broker (memory storage: its topics are gone when it stops)"
+
+
+def _on_signals(stop: threading.Event | None = None, action=None) -> None:  # noqa: ANN001
+    def handler(signum: int, frame: object) -> None:
+        if action is not None:
+            action()
+        if stop is not None:
+            stop.set()
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def serve(
+    config: ConfigOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    broker_port: Annotated[int, typer.Option(help="Port of the embedded broker, when one is "
+                                             "started (no bootstrap servers given).")] = 9092,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the queue service. With no bootstrap servers it starts the embedded broker."""
+    from broker.service.service import Service
+
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = load(config)
+    if not cfg.queue:
+        fail("the config defines no [[queue]]; nothing to serve", 2)
+    bootstrap = bootstrap_servers or cfg.service.bootstrap_servers
+    embedded: EmbeddedBroker | None = None
+    if bootstrap is None:
+        try:
+            embedded = EmbeddedBroker(port=broker_port).start()
+        except EmbeddedBrokerError as exc:
+            fail(f"cannot start the embedded broker: {exc}")
+        bootstrap = embedded.bootstrap_servers
+        console.print(f"kq: started the {EMBEDDED_NOTE} at [bold]{bootstrap}[/]")
+    service = Service(cfg, bootstrap)
+    _on_signals(action=service.stop)
+    console.print(f"kq: serving {len(cfg.queue)} queue(s) from Kafka at [bold]{bootstrap}[/], "
+                  f"state in {cfg.service.data_dir}")
+    for q in cfg.queue:
+        console.print(f"  {q.name:<24} topics {q.topic_regex.pattern:<32} {q.semantics}, "
+                      f"fairness {q.effective_fairness}", highlight=False)
+    try:
+        service.metrics.serve(cfg.service.metrics_port)
+        with errors_to_exit_codes():
+            service.run()
+    except StateError as exc:
+        fail(str(exc), EXIT_FAILURE)
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    console.print("kq: stopped")
+
+
+def broker(
+    port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1).")] = 9092,
+) -> None:
+    """Run only the embedded Kafka-compatible broker until Ctrl-C or SIGTERM."""
+    stop = threading.Event()
+    _on_signals(stop)
+    try:
+        embedded = EmbeddedBroker(port=port).start()
+    except EmbeddedBrokerError as exc:
+        fail(f"cannot start the embedded broker: {exc}")
+    console.print(f"kq: {EMBEDDED_NOTE} listening at [bold]{embedded.bootstrap_servers}[/]; "
+                  "Ctrl-C stops it")
+    try:
+        while not stop.wait(0.5):
+            if embedded._proc is not None and embedded._proc.poll() is not None:
+                fail("the embedded broker exited unexpectedly")
+    finally:
+        embedded.stop()
+    console.print("kq: broker stopped")
