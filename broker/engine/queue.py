@@ -170,9 +170,9 @@ class QueueState:
             del self.messages[msg.bookmark]
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1
-            elif t.kind is Kind.REMOVED:
+            else:  # removed by policy, or an at-most-once message released unacked
                 self.stats.removed[t.reason or "removed"] += 1
-                if self.config.dead_letter_topic:
+                if t.kind is Kind.REMOVED and self.config.dead_letter_topic:
                     self.stats.dead_lettered += 1
         return msg
 

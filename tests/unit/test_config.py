@@ -1,0 +1,88 @@
+import pytest
+
+from broker.config import load_config, parse_config
+from broker.errors import ConfigError
+from broker.values import Bookmark, Duration
+
+
+def q(**kw):
+    return {"queue": [{"name": "ORDERS", **kw}]}
+
+
+def error_of(raw) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(raw)
+    return str(exc.value)
+
+
+def test_defaults_follow_the_spec():
+    cfg = parse_config(q())
+    o = cfg.queue[0]
+    assert o.lease_period == Duration(60_000)
+    assert o.max_per_subscription_backlog == 10
+    assert o.effective_fairness == "proportional"
+    assert o.topic_regex.pattern == "^ORDERS$"
+    assert o.publish_target is None  # no underlying_topic: the topic NAME is its own
+    assert cfg.service.heartbeat_timeout == Duration(10_000)
+    assert cfg.service.topic_prefix == "kq"
+
+
+def test_default_publish_target_is_name_direct_when_underlying_topic_is_set():
+    o = parse_config(q(underlying_topic="^(ORDERS|X)$")).queue[0]
+    assert o.publish_target == "ORDERS_DIRECT"
+
+
+def test_at_most_once_defaults_to_round_robin():
+    assert parse_config(q(semantics="at-most-once")).queue[0].effective_fairness == "round-robin"
+
+
+@pytest.mark.parametrize(("raw", "words"), [
+    (q(bogus=1), ["queue 'ORDERS'", "'bogus'", "unknown key"]),
+    (q(lease_period="5x"), ["queue 'ORDERS'", "'lease_period'", "bad duration"]),
+    (q(underlying_topic="(("), ["'underlying_topic'", "bad regex"]),
+    (q(semantics="at-most-once", fairness="proportional"),
+     ["queue 'ORDERS'", "fairness", "at-most-once"]),
+    (q(target_queue_depth=5, priority="/p"), ["target_queue_depth", "priority"]),
+    (q(priority="/p"), ["queue 'ORDERS'", "not supported yet: priority"]),
+    (q(lvq_key="/k"), ["not supported yet: lvq_key"]),
+    (q(recovery_point="latest"), ["not supported yet: recovery_point"]),
+    (q(semantics="sometimes"), ["'semantics'"]),
+    (q(max_deliveries=-1), ["'max_deliveries'"]),
+    ({"service": {"colour": "red"}}, ["'service.colour'", "unknown key"]),
+    ({"service": {"heartbeat_timeout": "soon"}}, ["heartbeat_timeout", "bad duration"]),
+    ({"queue": [{"name": "A"}, {"name": "A"}]}, ["defined twice"]),
+    ({"queue": [{"lease_period": "1s"}]}, ["queue #1", "'name'"]),
+])
+def test_config_errors_name_the_queue_and_the_key(raw, words):
+    message = error_of(raw)
+    for w in words:
+        assert w in message
+
+
+def test_load_config_reports_bad_toml_and_missing_files(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[queue]\nname=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_the_example_config_is_valid():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).parents[2] / "ops" / "queues.example.toml")
+    assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS"}
+
+
+@pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("5m", 300_000),
+                                          ("1h", 3_600_000), ("1d", 86_400_000), ("1.5s", 1500)])
+def test_durations(text, ms):
+    assert Duration.parse(text).ms == ms
+
+
+def test_bookmarks_round_trip_even_with_slashes_in_the_topic():
+    for text in ["ORDERS/0/1234", "a/b/3/7"]:
+        assert str(Bookmark.parse(text)) == text
+    with pytest.raises(ValueError, match="TOPIC/PARTITION/OFFSET"):
+        Bookmark.parse("ORDERS/x/1")

@@ -1,0 +1,228 @@
+"""At-least-once rules of SPEC section 6, one test per rule."""
+
+from broker.engine import events as ev
+from broker.engine.effects import DeadLetter, Deliver, Journal
+from broker.engine.states import MessageState
+from broker.engine.transitions import Kind
+from broker.values import Duration
+from tests.unit.harness import Harness, dead_letters, delivered, queue, rejected, replies
+
+
+def test_oldest_first_and_one_at_a_time_by_default():
+    h = Harness()
+    a, b, c = h.publish(3)
+    out = h.subscribe("w1")
+    assert replies(out)[0].body["backlog"] == 1
+    assert delivered(out) == [("w1", a, 1)]
+    assert delivered(h.ack("w1", a)) == [("w1", b, 1)]
+    assert delivered(h.ack("w1", b)) == [("w1", c, 1)]
+
+
+def test_backlog_is_min_of_max_backlog_and_queue_cap():
+    h = Harness(queue(max_per_subscription_backlog=3))
+    h.publish(10)
+    assert len(delivered(h.subscribe("w1", backlog=5))) == 3
+    assert len(delivered(h.subscribe("w2", backlog=2))) == 2
+
+
+def test_max_backlog_zero_receives_no_ordinary_message():
+    h = Harness()
+    h.publish(2)
+    assert delivered(h.subscribe("w1", backlog=0)) == []
+    assert h.engine.queue("Q").subs["w1-Q"].cap == 0
+
+
+def test_lapsed_lease_returns_the_message_with_a_higher_delivery_count():
+    h = Harness(queue(lease_period=Duration(5000)))
+    (a,) = h.publish(1)
+    h.subscribe("w1", backlog=1)
+    h.subscribe("w2", backlog=1)
+    assert delivered(h.advance(4999)) == []
+    out = h.advance(1)
+    # the lapse frees w1, and proportional fairness hands it back to the first with room
+    assert delivered(out) == [("w1", a, 2)]
+    returned = [e.transition for e in out if isinstance(e, Journal)
+                and e.transition.kind is Kind.RETURNED]
+    assert returned[0].reason == "lapsed"
+
+
+def test_cancel_returns_the_message_and_counts_the_cancel():
+    h = Harness()
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    out = h.cancel("w1", a)
+    assert delivered(out) == [("w1", a, 2)]
+    assert h.engine.queue("Q").messages[a].cancel_count == 1
+
+
+def test_max_cancels_removes_to_dead_letter_topic():
+    h = Harness(queue(max_cancels=1, dead_letter_topic="DLQ"))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.cancel("w1", a)  # cancel count 1: not above the limit
+    out = h.cancel("w1", a)  # 2 > 1: removed
+    assert dead_letters(out) == [(a, "max-cancels")]
+    assert a not in h.engine.queue("Q").messages
+    assert h.engine.queue("Q").stats.removed["max-cancels"] == 1
+
+
+def test_max_deliveries_removes_on_the_lapse_of_the_last_delivery():
+    h = Harness(queue(max_deliveries=2, lease_period=Duration(1000), dead_letter_topic="DLQ"))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    assert delivered(h.advance(1000)) == [("w1", a, 2)]
+    out = h.advance(1000)
+    assert delivered(out) == []
+    assert dead_letters(out) == [(a, "max-deliveries")]
+
+
+def test_expiration_removes_an_available_message():
+    h = Harness(queue(expiration=Duration(10_000), dead_letter_topic="DLQ"))
+    (a,) = h.publish(1)
+    assert dead_letters(h.advance(9_999)) == []
+    assert dead_letters(h.advance(1)) == [(a, "expired")]
+    assert h.engine.queue("Q").depth() == 0
+
+
+def test_expiration_waits_for_a_leased_message_to_come_back():
+    h = Harness(queue(expiration=Duration(10_000), lease_period=Duration(20_000)),
+                heartbeat_ms=60_000)
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.advance(15_000)
+    assert h.engine.queue("Q").messages[a].state is MessageState.LEASED
+    out = h.advance(5_000)  # lease lapses after the expiry: removed, not redelivered
+    assert delivered(out) == []
+    assert h.engine.queue("Q").stats.removed["expired"] == 1
+
+
+def test_expire_request_removes_at_once():
+    h = Harness(queue(dead_letter_topic="DLQ"))
+    a, b = h.publish(2)
+    h.subscribe("w1")
+    out = h.handle(ev.ExpireRequested("w1", "Q", a, "x"))
+    assert dead_letters(out) == [(a, "expire-requested")]
+    assert delivered(out) == [("w1", b, 1)]
+
+
+def test_dead_letter_comes_before_the_journaled_removal():
+    h = Harness(queue(dead_letter_topic="DLQ"))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    out = h.handle(ev.ExpireRequested("w1", "Q", a, "x"))
+    kinds = [type(e).__name__ for e in out]
+    assert kinds.index("DeadLetter") < kinds.index("Journal")
+
+
+def test_the_lease_is_journaled_before_its_delivery():
+    h = Harness()
+    h.publish(1)
+    out = h.subscribe("w1")
+    leased = next(i for i, e in enumerate(out) if isinstance(e, Journal)
+                  and e.transition.kind is Kind.LEASED)
+    deliver = next(i for i, e in enumerate(out) if isinstance(e, Deliver))
+    assert leased < deliver
+
+
+def test_unsubscribe_returns_leases_at_once_keeping_delivery_counts():
+    h = Harness()
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.subscribe("w2")
+    out = h.handle(ev.Unsubscribed("w1", "w1-Q", "u"))
+    assert delivered(out) == [("w2", a, 2)]
+
+
+def test_client_close_returns_every_lease_of_every_subscription():
+    h = Harness(queue("A"), queue("B"))
+    a = h.publish(1, queue="A")[0]
+    b = h.publish(1, queue="B")[0]
+    h.subscribe("w1", "A")
+    h.subscribe("w1", "B")
+    h.handle(ev.ClientClosed("w1"))
+    assert h.engine.queue("A").messages[a].state is MessageState.AVAILABLE
+    assert h.engine.queue("B").messages[b].state is MessageState.AVAILABLE
+    assert h.engine.subs == {}
+
+
+def test_silent_subscriber_loses_its_leases_after_heartbeat_timeout():
+    h = Harness(heartbeat_ms=10_000)
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.subscribe("w2")
+    h.now += 9_000
+    h.handle(ev.Heartbeat("w2"))
+    assert delivered(h.advance(999)) == []
+    out = h.advance(1)  # w1 silent for 10s; w2 heard from 1s ago
+    assert delivered(out) == [("w2", a, 2)]
+    assert "w1-Q" not in h.engine.subs
+
+
+def test_heartbeats_keep_a_subscription_alive():
+    h = Harness(heartbeat_ms=10_000)
+    h.publish(1)
+    h.subscribe("w1")
+    for _ in range(5):
+        h.now += 5_000
+        h.handle(ev.Heartbeat("w1"))
+    h.advance(0)
+    assert "w1-Q" in h.engine.subs
+
+
+def test_strict_leasing_refuses_acks_of_another_subscribers_lease():
+    h = Harness()
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.subscribe("w2")
+    out = h.ack("w2", a)
+    assert "leased to another subscriber" in rejected(out)[0]
+    assert a in h.engine.queue("Q").messages
+
+
+def test_permissive_leasing_accepts_acks_from_any_subscriber_of_the_queue():
+    h = Harness(queue(leasing="permissive"))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.subscribe("w2")
+    assert rejected(h.ack("w2", a)) == []
+    assert a not in h.engine.queue("Q").messages
+
+
+def test_ack_of_unknown_or_already_acked_bookmark_is_refused():
+    h = Harness()
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    assert rejected(h.ack("w1", a)) == []
+    assert "already acked" in rejected(h.ack("w1", a))[0]
+
+
+def test_subscribe_to_unknown_queue_or_negative_backlog_is_refused():
+    h = Harness()
+    assert "unknown queue 'NOPE'" in rejected(h.subscribe("w1", "NOPE"))[0]
+    assert "max_backlog must be >= 0" in rejected(h.subscribe("w1", backlog=-1))[0]
+
+
+def test_delivery_count_counts_every_delivery():
+    h = Harness()
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    for expected in (2, 3, 4):
+        assert delivered(h.cancel("w1", a)) == [("w1", a, expected)]
+
+
+def test_a_message_is_in_every_queue_it_was_routed_to_independently():
+    h = Harness(queue("A"), queue("B"))
+    h.publish(1, queue="A")
+    h.publish(1, queue="B")
+    h.subscribe("w1", "A")
+    assert h.engine.queue("B").depth() == 1
+
+
+def test_dead_letter_effect_names_topic_and_counts():
+    h = Harness(queue(max_cancels=0, dead_letter_topic="DLQ", max_deliveries=1))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    out = h.cancel("w1", a)
+    dl = next(e for e in out if isinstance(e, DeadLetter))
+    assert (dl.topic, dl.reason, dl.delivery_count, dl.cancel_count) == \
+        ("DLQ", "max-deliveries", 1, 1)
