@@ -106,8 +106,13 @@ class QueueClient:
         extra = dict(kafka_config or {})
         clients.check_reachable(bootstrap_servers, extra)
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
-        clients.ensure_topics(clients.admin(bootstrap_servers, extra), [self._deliver_topic])
-        self._producer = clients.producer(bootstrap_servers, extra, **{"linger.ms": 1})
+        clients.ensure_topics(clients.admin(bootstrap_servers, extra),
+                              [self._deliver_topic, f"{topic_prefix}.commands"])
+        # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
+        # request in flight keeps commands in order just as well.
+        self._producer = clients.producer(bootstrap_servers, extra, **{
+            "linger.ms": 1, "enable.idempotence": False,
+            "max.in.flight.requests.per.connection": 1})
         self._consumer = clients.consumer(bootstrap_servers, extra)
         start = clients.end_offset(self._consumer, self._deliver_topic, 0)
         self._consumer.assign([TopicPartition(self._deliver_topic, 0, start)])
@@ -176,7 +181,10 @@ class QueueClient:
                   "mode": None, "bookmarks": [], "query": None,
                   "sent_ms": int(time.time() * 1000)}
         record.update(fields)
-        self._producer.produce(f"{self._prefix}.commands", wire.encode("command", record))
+        # Partition 0 always: the service reads commands in order from that one partition,
+        # whatever partition count the topic was created with.
+        self._producer.produce(f"{self._prefix}.commands", wire.encode("command", record),
+                               partition=0)
         self._producer.poll(0)
 
     def _request(self, kind: str, **fields: Any) -> dict[str, Any]:

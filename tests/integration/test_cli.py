@@ -1,0 +1,162 @@
+"""The `kq` command line against a running service (SPEC section 8)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.kit import config, ensure_topic, publish, running_service, uid, wait_for
+
+pytestmark = pytest.mark.integration
+
+KQ = [sys.executable, "-m", "cli.main"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kq(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*KQ, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "200", **env})
+
+
+def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
+                 bootstrap: str | None = None, extra: str = "") -> Path:
+    lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
+             "metrics_port = 0"]
+    if bootstrap:
+        lines.append(f'bootstrap_servers = "{bootstrap}"')
+    for q in queues:
+        lines += ["[[queue]]", f'name = "{q}"']
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+@pytest.fixture
+def served(bootstrap, tmp_path):
+    u = uid()
+    name = f"CLI_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = config(f"kq{u}", str(tmp_path / "state"), [{"name": name}])
+    path = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap)
+    with running_service(bootstrap, cfg) as service:
+        yield name, str(path), service
+
+
+def test_publish_queues_inspect_consume_subscribers(bootstrap, served):
+    name, cfg, _ = served
+    out = kq("publish", name, '{"n": 1}', "--config", cfg, "--json")
+    assert out.returncode == 0, out.stderr
+    bookmark = json.loads(out.stdout)["bookmark"]
+    assert bookmark.startswith(f"{name}/")
+    rows = wait_for(lambda: [r for r in json.loads(kq("queues", "--config", cfg, "--json").stdout)
+                             if r["depth"] == 1], what="the message in kq queues")
+    assert rows[0]["queue"] == name and rows[0]["available"] == 1
+    inspected = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
+    assert [(m["bookmark"], m["state"]) for m in inspected["messages"]] == [(bookmark, "available")]
+    table = kq("queues", "--config", cfg)
+    assert name in table.stdout and table.returncode == 0
+    consumed = kq("consume", name, "--config", cfg, "--json", "--count", "1", "--timeout", "5")
+    assert consumed.returncode == 0, consumed.stderr
+    assert json.loads(consumed.stdout.splitlines()[0])["data"] == {"n": 1}
+    after = json.loads(kq("queues", "--config", cfg, "--json").stdout)[0]
+    assert (after["depth"], after["acked"]) == (0, 1)
+    subs = kq("subscribers", name, "--config", cfg, "--json")
+    assert json.loads(subs.stdout) == []  # the consumer closed its subscription
+
+
+def test_inspect_of_unknown_queue_fails_with_the_services_message(served):
+    _, cfg, _ = served
+    out = kq("inspect", "NOPE", "--config", cfg)
+    assert out.returncode == 1 and "unknown queue 'NOPE'" in out.stderr
+
+
+def test_publish_refuses_a_payload_that_is_not_json(served):
+    name, cfg, _ = served
+    out = kq("publish", name, "{not json", "--config", cfg)
+    assert out.returncode == 2 and "not JSON" in out.stderr
+
+
+def test_unreachable_kafka_exits_3_naming_the_address_within_15s(tmp_path):
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state")
+    commands = [["queues"], ["inspect", "Q"], ["subscribers"], ["publish", "T", "{}"],
+                ["consume", "Q"], ["serve"]]
+    started = time.monotonic()
+    procs = [subprocess.Popen([*KQ, *c, "--config", str(cfg), "-b", "127.0.0.1:1"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c in commands]  # all at once: each may take the full connection timeout
+    for command, proc in zip(commands, procs, strict=True):
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 3, (command, err)
+        assert "127.0.0.1:1" in err
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ('lease_period = "forever"\n', "'lease_period'"),
+    ("colour = 1\n", "'colour': unknown key"),
+    ('semantics = "at-most-once"\nfairness = "proportional"\n', "fairness"),
+    ("priority = \"/p\"\n", "not supported yet: priority"),
+])
+def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, extra, words):
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state", extra=extra)
+    out = kq("serve", "--config", str(cfg))
+    assert out.returncode == 2
+    assert "queue 'Q'" in out.stderr and words in out.stderr
+
+
+def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, tmp_path):
+    u = uid()
+    name = f"R_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = str(write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
+                           bootstrap, extra='lease_period = "1h"\n'))
+
+    def serve() -> subprocess.Popen:
+        log = open(tmp_path / "serve.log", "a")  # noqa: SIM115
+        proc = subprocess.Popen([*KQ, "serve", "--config", cfg], cwd=ROOT, text=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+        starts = (tmp_path / "serve.log").read_text().count("ready:")
+        wait_for(lambda: (tmp_path / "serve.log").read_text().count("ready:") > starts, 30,
+                 "kq serve to be ready")
+        return proc
+
+    proc = serve()
+    publish(bootstrap, name, [b'{"n": %d}' % i for i in range(3)])
+    got = kq("consume", name, "--config", cfg, "--json", "--count", "1", "--no-ack",
+             "--timeout", "5")
+    assert got.returncode == 0, got.stderr  # consumed once and cancelled
+    before = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
+    assert before["summary"]["depth"] == 3
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    proc = serve()
+    try:
+        after = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
+        strip = lambda d: [(m["bookmark"], m["state"], m["delivery_count"], m["cancel_count"])  # noqa: E731
+                           for m in d["messages"]]
+        assert strip(after) == strip(before)
+        # the cancelled message was delivered (and maybe redelivered before the close)
+        assert sorted(m["cancel_count"] for m in after["messages"]) == [0, 0, 1]
+        assert max(m["delivery_count"] for m in after["messages"]) >= 1
+        assert after["recovery_points"] == before["recovery_points"]
+        assert after["summary"]["enqueued"] == 3  # not read twice from the topic
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+
+
+def test_kq_broker_serves_and_stops_on_sigterm(tmp_path):
+    from broker.kafka.embedded import free_port, port_open
+
+    port = free_port()
+    proc = subprocess.Popen([*KQ, "broker", "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(lambda: port_open("127.0.0.1", port), 15, "the broker port")
+    assert kq("publish", "T", "{}", "-b", f"127.0.0.1:{port}").returncode == 0
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert not port_open("127.0.0.1", port)
