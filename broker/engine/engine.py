@@ -26,6 +26,9 @@ class Engine:
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
+        # Clients whose subscriptions were restored after a restart and who have not been
+        # heard from since: they may be gone, so nothing is dispatched to them until they are.
+        self.unconfirmed: set[str] = set()
         self._out: list[Effect] = []
         self._touched: set[str] = set()
 
@@ -36,6 +39,9 @@ class Engine:
         client = getattr(event, "client", None)
         if client is not None:
             self.last_seen[client] = now
+            if client in self.unconfirmed:
+                self.unconfirmed.discard(client)
+                self._touched.update(s.queue for s in self.subs.values() if s.client == client)
         match event:
             case ev.MessageArrived():
                 self._arrive(event, now)
@@ -263,7 +269,7 @@ class Engine:
         if not q.available or not q.subs:
             return
         pick = PICKERS[q.config.effective_fairness]
-        subs = list(q.subs.values())
+        subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
         at_most_once = q.config.at_most_once
         lease_ms = q.config.lease_period.ms
         while q.available:
@@ -294,6 +300,7 @@ class Engine:
         for t in subs:
             self.apply(t)
             self.last_seen.setdefault(t.client or "", now)
+            self.unconfirmed.add(t.client or "")
 
     def queue(self, name: str) -> QueueState:
         return self.queues[name]

@@ -18,7 +18,8 @@ may fall into any gap between them; recovery (`broker.service.recovery`) makes e
                 to RocksDB in one WriteBatch.
 
 Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
-after step N of the first batch that has something to journal (crash tests use it).
+after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
+(e.g. `leased`), of the first batch that journals a transition of that kind. Crash tests use it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Committer:
         self.next_batch = next_batch
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
+        self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
 
     def commit(self, cp: Checkpoint, outbox: Outbox) -> None:
         if not (cp.transitions or cp.positions or outbox):
@@ -162,7 +164,10 @@ class Committer:
         return offsets
 
     def _crash_point(self, step: int, cp: Checkpoint) -> None:
-        if self._crash_after == step and cp.transitions:
+        if self._crash_after != step or not cp.transitions:
+            return
+        if self._crash_kind is None or any(t.kind.value == self._crash_kind
+                                           for t in cp.transitions):
             log.warning("KQ_CRASH_AFTER_STEP=%d: killing myself after step %s", step,
                         STEPS[step - 1])
             os.kill(os.getpid(), signal.SIGKILL)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import Producer, TopicPartition
@@ -104,3 +109,61 @@ def drain(sub: Any, count: int, timeout: float = 10.0) -> list[Any]:
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int = 1) -> None:
     clients.ensure_topics(clients.admin(bootstrap), [topic], partitions)
+
+
+# -- `kq serve` as a subprocess --------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+KQ = [sys.executable, "-m", "cli.main"]
+
+
+def kq(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run the `kq` CLI and capture what it prints."""
+    return subprocess.run([*KQ, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "COLUMNS": "200", **env})
+
+
+def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
+                 bootstrap: str | None = None, extra: str = "") -> Path:
+    """A config file with one line per queue; `extra` lines go into the last queue."""
+    lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
+             "metrics_port = 0", 'heartbeat_timeout = "30s"']
+    if bootstrap:
+        lines.append(f'bootstrap_servers = "{bootstrap}"')
+    for q in queues:
+        lines += ["[[queue]]", f'name = "{q}"']
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+class ServeProcess:
+    """`kq serve --config CFG` in a subprocess, logging to LOG; started by `start()`."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path, self.log_path = config_path, log_path
+        self.proc: subprocess.Popen[str] | None = None
+
+    def _starts(self) -> int:
+        return self.log_path.read_text().count("ready:") if self.log_path.exists() else 0
+
+    def start(self, wait_ready: bool = True, **env: str) -> ServeProcess:
+        before = self._starts()
+        log = open(self.log_path, "a")  # noqa: SIM115
+        self.proc = subprocess.Popen([*KQ, "serve", "--config", str(self.config_path)],
+                                     cwd=ROOT, text=True, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env})
+        if wait_ready:
+            wait_for(lambda: self._starts() > before or self.proc.poll() is not None, 30,
+                     "kq serve to be ready")
+            assert self.proc.poll() is None, self.log_path.read_text()
+        return self
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(20)

@@ -1,39 +1,28 @@
 """The `kq` command line against a running service (SPEC section 8)."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.kit import config, ensure_topic, publish, running_service, uid, wait_for
+from tests.integration.kit import (
+    KQ,
+    ROOT,
+    ServeProcess,
+    config,
+    ensure_topic,
+    kq,
+    publish,
+    running_service,
+    uid,
+    wait_for,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
-
-KQ = [sys.executable, "-m", "cli.main"]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def kq(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*KQ, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "COLUMNS": "200", **env})
-
-
-def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
-                 bootstrap: str | None = None, extra: str = "") -> Path:
-    lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
-             "metrics_port = 0"]
-    if bootstrap:
-        lines.append(f'bootstrap_servers = "{bootstrap}"')
-    for q in queues:
-        lines += ["[[queue]]", f'name = "{q}"']
-    path.write_text("\n".join(lines) + "\n" + extra)
-    return path
-
 
 @pytest.fixture
 def served(bootstrap, tmp_path):
@@ -115,14 +104,8 @@ def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, t
     cfg = str(write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
                            bootstrap, extra='lease_period = "1h"\n'))
 
-    def serve() -> subprocess.Popen:
-        log = open(tmp_path / "serve.log", "a")  # noqa: SIM115
-        proc = subprocess.Popen([*KQ, "serve", "--config", cfg], cwd=ROOT, text=True,
-                                stdout=log, stderr=subprocess.STDOUT)
-        starts = (tmp_path / "serve.log").read_text().count("ready:")
-        wait_for(lambda: (tmp_path / "serve.log").read_text().count("ready:") > starts, 30,
-                 "kq serve to be ready")
-        return proc
+    def serve() -> ServeProcess:
+        return ServeProcess(Path(cfg), tmp_path / "serve.log").start()
 
     proc = serve()
     publish(bootstrap, name, [b'{"n": %d}' % i for i in range(3)])
@@ -131,8 +114,7 @@ def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, t
     assert got.returncode == 0, got.stderr  # consumed once and cancelled
     before = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
     assert before["summary"]["depth"] == 3
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0
+    assert proc.stop() == 0
     proc = serve()
     try:
         after = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
@@ -145,8 +127,7 @@ def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, t
         assert after["recovery_points"] == before["recovery_points"]
         assert after["summary"]["enqueued"] == 3  # not read twice from the topic
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.stop()
 
 
 def test_kq_broker_serves_and_stops_on_sigterm(tmp_path):

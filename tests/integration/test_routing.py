@@ -47,7 +47,8 @@ def test_a_forwarded_message_carries_its_origin(bootstrap, tmp_path):
 
 def test_a_topic_created_after_the_service_started_is_picked_up(bootstrap, tmp_path):
     u = uid()
-    cfg = config(f"kq{u}", str(tmp_path), [{"name": f"LATE_{u}", "underlying_topic": f"^LATE_{u}_.*$"}])
+    cfg = config(f"kq{u}", str(tmp_path),
+                 [{"name": f"LATE_{u}", "underlying_topic": f"^LATE_{u}_.*$"}])
     with running_service(bootstrap, cfg), QueueClient(bootstrap, topic_prefix=f"kq{u}") as c:
         sub = c.subscribe(f"LATE_{u}", max_backlog=5)
         publish(bootstrap, f"LATE_{u}_new", [b'{"late": true}'])

@@ -47,3 +47,22 @@ def test_the_engine_imports_no_io_library():
                            r"pyspark|broker\.kafka|broker\.state|broker\.service|cli)\b", re.M)
     offenders = [p.name for p in root.glob("*.py") if forbidden.search(p.read_text())]
     assert offenders == []
+
+
+def test_restored_subscriptions_get_nothing_until_their_client_is_heard_from():
+    from broker.engine.queue import Message
+
+    h = Harness()
+    (a,) = h.publish(1)
+    fresh = Engine((queue(),), 10_000)
+    sub = h.subscribe("w1")
+    restored_sub = next(t for t in h.journal if t.kind.value == "subscribed")
+    fresh.restore("Q", [Message(a, 0, h.now)], [restored_sub], h.now)
+    assert delivered(fresh.handle(ev.Tick(), h.now)) == []
+    assert delivered(fresh.handle(ev.Heartbeat("w1"), h.now)) == [("w1", a, 1)]
+    assert sub  # the original engine delivered at once
+    # and a client never heard from again loses the subscription after the timeout
+    gone = Engine((queue(),), 10_000)
+    gone.restore("Q", [Message(a, 0, h.now)], [restored_sub], h.now)
+    gone.handle(ev.Tick(), h.now + 10_000)
+    assert gone.subs == {}
