@@ -210,7 +210,7 @@ class QueueClient:
     def _pump(self, timeout: float) -> None:
         """Read what the service sent and route it to subscriptions and waiting requests."""
         with self._lock:
-            records = self._consumer.consume(500, timeout)
+            records = clients.take(self._consumer, 500, timeout)
         for rec in records:
             if rec.error():
                 continue

@@ -89,3 +89,15 @@ def end_offset(c: Consumer, topic: str, partition: int, timeout: float = 10.0) -
     """
     _, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
     return int(high)
+
+
+def take(c: Consumer, max_records: int, timeout: float) -> list[Any]:
+    """Wait up to `timeout` for one record, then take what else is already there.
+
+    `Consumer.consume(n, timeout)` waits until it has n records or the timeout passed, which
+    adds the whole timeout to the latency of a quiet topic.
+    """
+    first = c.poll(timeout)
+    if first is None:
+        return []
+    return [first, *c.consume(max_records - 1, 0)] if max_records > 1 else [first]

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from confluent_kafka import Consumer, TopicPartition
 
+from broker.kafka.clients import take
 from broker.values import Bookmark
 
 
@@ -23,7 +24,7 @@ def fetch_records(c: Consumer, bookmarks: Iterable[Bookmark], timeout: float = 3
         deadline = time.monotonic() + timeout
         done = False
         while not done and time.monotonic() < deadline:
-            for rec in c.consume(500, 0.2):
+            for rec in take(c, 500, 0.2):
                 if rec.error():
                     continue
                 off = rec.offset()

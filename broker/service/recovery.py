@@ -13,6 +13,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
+from broker.kafka.clients import take
 from broker.kafka.fetch import fetch_records
 from broker.state.layout import (
     Checkpoint,
@@ -69,7 +70,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
-        for rec in consumer.consume(500, 0.2):
+        for rec in take(consumer, 500, 0.2):
             if rec.error():
                 continue
             off = rec.offset()

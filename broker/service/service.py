@@ -121,7 +121,7 @@ class Service:
     # -- one iteration ---------------------------------------------------------------------
     def _step(self) -> None:
         self._refresh_topics()
-        records = self._consumer.consume(BATCH_SIZE, POLL_TIMEOUT_S)
+        records = clients.take(self._consumer, BATCH_SIZE, POLL_TIMEOUT_S)
         now = now_ms()
         batch = _Batch()
         for rec in records:

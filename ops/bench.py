@@ -1,0 +1,308 @@
+"""kq benchmark: a raw pass-through baseline against kq end to end, on one broker.
+
+    python ops/bench.py [--messages 20000] [--subscribers 4] [--bootstrap HOST:PORT]
+
+(a) raw: a stateless Python relay moves each record topic -> per-subscriber delivery topic;
+    subscribers "ack" by producing to an ack topic the relay reads back. The same hops as kq,
+    with no state: about what Kafka and Python allow on this machine.
+(b) kq: `kq serve` in a subprocess, subscribers with the real client, acking every message.
+
+Each runs a drain phase (N records already published, time until all are acked: msgs/s) and
+a paced phase (records published at --rate msgs/s: publish -> deliver p50/p99). Then kq's RSS
+per queued message (M records, no subscribers) and its restart time with them queued.
+Without --bootstrap the embedded broker is started on a free port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from broker.kafka import clients  # noqa: E402
+from broker.kafka.embedded import EmbeddedBroker, free_port  # noqa: E402
+
+
+def _producer(bs: str) -> Producer:
+    return Producer({"bootstrap.servers": bs, "linger.ms": 5})
+
+
+def _consumer(bs: str, topics: list[str]) -> Consumer:
+    c = Consumer({"bootstrap.servers": bs, "group.id": "bench", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 10, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(t, 0, 0) for t in topics])
+    return c
+
+
+def publish(bs: str, topic: str, n: int, rate: float = 0) -> None:
+    p = _producer(bs)
+    start = time.monotonic()
+    for i in range(n):
+        if rate:
+            wait = start + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        while True:
+            try:
+                p.produce(topic, json.dumps({"i": i, "pad": "x" * 64}).encode(), partition=0)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(60)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# -- roles run in subprocesses -----------------------------------------------------------------
+
+def role_relay(bs: str, run: str, n: int, subs: int) -> None:
+    """Raw baseline: topic -> delivery topics round-robin; count acks until n."""
+    c = _consumer(bs, [f"{run}.src"] + [f"{run}.ack{i}" for i in range(subs)])
+    p = _producer(bs)
+    acks, turn = 0, 0
+    while acks < n:
+        for rec in clients.take(c, 1000, 0.05):
+            if rec.error():
+                continue
+            if rec.topic().endswith(".src"):
+                p.produce(f"{run}.d{turn}", rec.value(), timestamp=rec.timestamp()[1],
+                          partition=0)
+                turn = (turn + 1) % subs
+            else:
+                acks += 1
+        p.poll(0)
+    p.flush(10)
+
+
+def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
+    c = _consumer(bs, [f"{run}.d{i}"])
+    p = _producer(bs)
+    lat: list[float] = []
+    idle = time.monotonic()
+    while time.monotonic() - idle < 3:
+        for rec in clients.take(c, 1000, 0.05):
+            if rec.error():
+                continue
+            lat.append(time.time() * 1000 - rec.timestamp()[1])
+            p.produce(f"{run}.ack{i}", rec.value(), partition=0)
+            idle = time.monotonic()
+        p.poll(0)
+    p.flush(10)
+    Path(out).write_text(json.dumps(lat))
+
+
+def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> None:
+    from broker.client import QueueClient
+
+    lat: list[float] = []
+    with QueueClient(bs, topic_prefix=prefix) as c:
+        sub = c.subscribe(queue, max_backlog=backlog)
+        for msg in sub.messages(timeout=3):
+            lat.append(time.time() * 1000 - msg.timestamp * 1000)
+            msg.ack()
+    Path(out).write_text(json.dumps(lat))
+
+
+# -- orchestration -----------------------------------------------------------------------------
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT)
+
+
+def collect(files: list[Path]) -> list[float]:
+    out: list[float] = []
+    for f in files:
+        out.extend(json.loads(f.read_text()))
+    return out
+
+
+def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
+    run = f"raw{uuid.uuid4().hex[:6]}"
+    clients.ensure_topics(clients.admin(bs), [f"{run}.src"] + [f"{run}.{k}{i}" for i in range(subs)
+                                                               for k in ("d", "ack")])
+    publish(bs, f"{run}.src", n)
+    outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
+    start = time.monotonic()
+    workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i])) for i in range(subs)]
+    spawn("_relay", bs, run, str(n), str(subs)).wait()
+    drain_s = time.monotonic() - start
+    for w in workers:
+        w.wait()
+    # paced phase for latency
+    run2 = f"{run}p"
+    clients.ensure_topics(clients.admin(bs), [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in
+                                                                range(subs) for k in ("d", "ack")])
+    outs2 = [tmp / f"{run2}-{i}.json" for i in range(subs)]
+    workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i])) for i in range(subs)]
+    relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs))
+    time.sleep(1)
+    publish(bs, f"{run2}.src", int(rate * 5), rate)
+    relay.wait()
+    for w in workers:
+        w.wait()
+    lat = collect(outs2)
+    return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
+            "p99_ms": percentile(lat, 0.99)}
+
+
+def write_config(tmp: Path, bs: str, prefix: str, queue: str) -> Path:
+    cfg = tmp / f"{prefix}.toml"
+    cfg.write_text(f'[service]\nbootstrap_servers = "{bs}"\ntopic_prefix = "{prefix}"\n'
+                   f'data_dir = "{tmp / prefix}"\nmetrics_port = 0\n'
+                   f'[[queue]]\nname = "{queue}"\nmax_per_subscription_backlog = 100\n')
+    return cfg
+
+
+def start_service(cfg: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+    started = time.monotonic()
+    f = open(log, "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--config", str(cfg)],
+                            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    before = log.read_text().count("ready:") if log.exists() else 0
+    while log.read_text().count("ready:") <= before:
+        if proc.poll() is not None:
+            raise SystemExit(f"kq serve exited: see {log}")
+        time.sleep(0.02)
+    return proc, time.monotonic() - started
+
+
+def query(bs: str, prefix: str, queue: str) -> dict:
+    from broker.client import QueueClient
+
+    with QueueClient(bs, name="bench-cli", topic_prefix=prefix) as c:
+        return next(r for r in c.query(what="queues")["queues"] if r["queue"] == queue)
+
+
+def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while query(bs, prefix, queue)[key] < value:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {key} >= {value}")
+        time.sleep(0.2)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int) -> dict[str, float]:
+    prefix = f"kqb{uuid.uuid4().hex[:6]}"
+    queue = f"{prefix}_Q"
+    clients.ensure_topics(clients.admin(bs), [queue])
+    publish(bs, queue, n)
+    proc, _ = start_service(write_config(tmp, bs, prefix, queue), tmp / f"{prefix}.log")
+    try:
+        wait_stat(bs, prefix, queue, "enqueued", n)
+        outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
+        start = time.monotonic()
+        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog))
+                   for i in range(subs)]
+        wait_stat(bs, prefix, queue, "acked", n)
+        drain_s = time.monotonic() - start
+        for w in workers:
+            w.wait()
+        outs2 = [tmp / f"{prefix}-p{i}.json" for i in range(subs)]
+        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog))
+                   for i in range(subs)]
+        time.sleep(2)
+        publish(bs, queue, int(rate * 5), rate)
+        for w in workers:
+            w.wait()
+        lat = collect(outs2)
+    finally:
+        proc.terminate()
+        proc.wait()
+    return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
+            "p99_ms": percentile(lat, 0.99), "drain_s_includes_subscriber_start": 1}
+
+
+def run_rss(bs: str, m: int, tmp: Path) -> dict[str, float]:
+    prefix = f"kqr{uuid.uuid4().hex[:6]}"
+    queue = f"{prefix}_Q"
+    clients.ensure_topics(clients.admin(bs), [queue])
+    cfg = write_config(tmp, bs, prefix, queue)
+    log = tmp / f"{prefix}.log"
+    proc, _ = start_service(cfg, log)
+    time.sleep(1)
+    base = rss_kb(proc.pid)
+    publish(bs, queue, m)
+    wait_stat(bs, prefix, queue, "enqueued", m)
+    loaded = rss_kb(proc.pid)
+    proc.terminate()
+    proc.wait()
+    proc, restart_s = start_service(cfg, log)
+    proc.terminate()
+    proc.wait()
+    return {"rss_bytes_per_queued_msg": (loaded - base) * 1024 / m, "queued": m,
+            "restart_s": restart_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--subscribers", type=int, default=4)
+    ap.add_argument("--backlog", type=int, default=50)
+    ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
+    ap.add_argument("--rss-messages", type=int, default=50000)
+    ap.add_argument("--bootstrap")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    broker = None
+    bs = a.bootstrap
+    if not bs:
+        broker = EmbeddedBroker(port=free_port()).start()
+        bs = broker.bootstrap_servers
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d)
+            raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp)
+            kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog)
+            rss = run_rss(bs, a.rss_messages, tmp)
+    finally:
+        if broker:
+            broker.stop()
+    result = {"messages": a.messages, "subscribers": a.subscribers, "raw": raw, "kq": kq,
+              "ratio_kq_to_raw": kq["msgs_per_s"] / raw["msgs_per_s"], **rss}
+    if a.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"messages {a.messages}, subscribers {a.subscribers}, paced rate {a.rate}/s")
+    print(f"raw pass-through : {raw['msgs_per_s']:9.0f} msgs/s   p50 {raw['p50_ms']:7.1f} ms"
+          f"   p99 {raw['p99_ms']:7.1f} ms")
+    print(f"kq at-least-once : {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
+          f"   p99 {kq['p99_ms']:7.1f} ms")
+    print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
+    print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
+          f"({rss['queued']} queued); restart with them queued: {rss['restart_s']:.1f} s")
+
+
+if __name__ == "__main__":
+    role = sys.argv[1] if len(sys.argv) > 1 else ""
+    if role == "_relay":
+        role_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif role == "_raw_sub":
+        role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    elif role == "_kq_sub":
+        role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+    else:
+        main()
