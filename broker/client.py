@@ -3,7 +3,9 @@
 Commands go to PREFIX.commands; messages and replies come back on PREFIX.deliver.<name>.
 Subscribing and batch acks wait for the service's answer and raise `CommandError` when it
 refuses; `msg.ack()`, `msg.cancel()` and `msg.expire()` are sent without waiting, and any
-refusal the service sends back is kept in `client.errors`.
+refusal the service sends back is kept in `client.errors`. `msg.ack()` is batched: the acks
+made while handling messages go out together when the subscriber next waits for messages,
+at the next heartbeat, on `flush()` or `close()`, or every ACK_BATCH acks.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 
 log = logging.getLogger("kq.client")
 
+ACK_BATCH = 200
+
 
 @dataclass
 class Message:
@@ -49,7 +53,7 @@ class Message:
 
     def ack(self) -> None:
         if not self.is_barrier:  # barriers need no ack
-            self._client._send("ack", queue=self.queue, bookmarks=[self.bookmark])
+            self._client._ack_later(self.queue, self.bookmark)
 
     def cancel(self) -> None:
         self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark])
@@ -84,6 +88,7 @@ class Subscription:
             left = timeout - (time.monotonic() - quiet_since)
             if left <= 0:
                 return
+            self.client._flush_acks()  # about to wait: send what was acked meanwhile
             self.client._pump(min(left, 0.1))
 
     def close(self) -> None:
@@ -122,6 +127,9 @@ class QueueClient:
         self._waiting: set[str] = set()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_interval
+        # msg.ack() is batched: one command per queue carries every ack made between two
+        # waits for messages (or ACK_BATCH of them), the way AMPS clients batch acks.
+        self._pending_acks: dict[str, list[str]] = {}
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="kq-heartbeat")
         self._heartbeat.start()
 
@@ -151,6 +159,11 @@ class QueueClient:
     def ack_where(self, queue: str, expression: str) -> None:
         raise CommandError("not supported yet: ack_where")
 
+    def flush(self) -> None:
+        """Send every batched ack now, and wait until Kafka has them."""
+        self._flush_acks()
+        self._producer.flush(self.request_timeout)
+
     def query(self, **args: Any) -> dict[str, Any]:
         """Ask the service about its state (what the CLI uses)."""
         return self._request("query", query=json.dumps(args))
@@ -161,6 +174,7 @@ class QueueClient:
             return
         self._closed.set()
         try:
+            self._flush_acks()
             if self._subs:
                 self._send("close")
             self._producer.flush(5)
@@ -176,7 +190,9 @@ class QueueClient:
 
     # -- plumbing --------------------------------------------------------------------------
     def _send(self, kind: str, request_id: str = "", **fields: Any) -> None:
-        record = {"type": kind, "client": self.name, "request_id": request_id,
+        if kind != "ack" and self._pending_acks:
+            self._flush_acks()  # batched acks go first: a close must not overtake them
+        record: dict[str, Any] = {"type": kind, "client": self.name, "request_id": request_id,
                   "queue": None, "sub_id": None, "max_backlog": None, "filter": None,
                   "mode": None, "bookmarks": [], "query": None,
                   "sent_ms": int(time.time() * 1000)}
@@ -186,6 +202,20 @@ class QueueClient:
         self._producer.produce(f"{self._prefix}.commands", wire.encode("command", record),
                                partition=0)
         self._producer.poll(0)
+
+    def _ack_later(self, queue: str, bookmark: str) -> None:
+        with self._lock:
+            pending = self._pending_acks.setdefault(queue, [])
+            pending.append(bookmark)
+            full = len(pending) >= ACK_BATCH
+        if full:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        with self._lock:
+            batches, self._pending_acks = self._pending_acks, {}
+        for queue, bookmarks in batches.items():
+            self._send("ack", queue=queue, bookmarks=bookmarks)
 
     def _request(self, kind: str, **fields: Any) -> dict[str, Any]:
         rid = uuid.uuid4().hex
@@ -247,6 +277,7 @@ class QueueClient:
         while not self._closed.wait(self._heartbeat_s):
             if self._subs:
                 try:
+                    self._flush_acks()
                     self._send("heartbeat")
                 except Exception as exc:  # never let the heartbeat thread die silently
                     log.warning("heartbeat failed: %s", exc)

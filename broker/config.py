@@ -207,7 +207,7 @@ def _where(loc: tuple[Any, ...], raw: dict[str, Any]) -> str:
     return f"key {key!r}" if key else "config"
 
 
-def _explain(error: dict[str, Any]) -> str:
+def _explain(error: Any) -> str:
     if error["type"] == "extra_forbidden":
         return "unknown key"
     message = str(error["msg"])

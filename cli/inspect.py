@@ -26,11 +26,10 @@ CLI_CLIENT = "kq-cli"  # all CLI invocations share one reply topic, told apart b
 
 def ask(config: str | None, bootstrap: str | None, **args: Any) -> dict[str, Any]:
     cfg = load(config)
-    with errors_to_exit_codes():
-        with QueueClient(bootstrap_of(bootstrap, cfg), name=CLI_CLIENT,
-                         topic_prefix=cfg.service.topic_prefix,
-                         kafka_config=dict(cfg.service.kafka)) as client:
-            return client.query(**args)
+    with errors_to_exit_codes(), QueueClient(bootstrap_of(bootstrap, cfg), name=CLI_CLIENT,
+                     topic_prefix=cfg.service.topic_prefix,
+                     kafka_config=dict(cfg.service.kafka)) as client:
+        return client.query(**args)
     raise AssertionError("unreachable")
 
 

@@ -101,8 +101,8 @@ class Engine:
         if q is None or e.bookmark in q.messages:
             return
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
-        t = Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq, timestamp_ms=ts)
-        self._do(t)
+        self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
+                            timestamp_ms=ts))
 
     def _subscribe(self, e: ev.Subscribed, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id)

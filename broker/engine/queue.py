@@ -109,7 +109,9 @@ class QueueState:
         return len(self.available) + self.leased_count()
 
     def leased_count(self) -> int:
-        return sum(1 for m in self.messages.values() if m.state is MessageState.LEASED)
+        # at-least-once queues hold only available and leased messages; at-most-once ones
+        # only available and sent (which have left the queue)
+        return 0 if self.config.at_most_once else len(self.messages) - len(self.available)
 
     def oldest_timestamp(self) -> int | None:
         live = [m.timestamp_ms for m in self.messages.values() if m.state is not MessageState.SENT]
@@ -148,9 +150,10 @@ class QueueState:
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
             return msg
-        msg = self.messages.get(t.bookmark)
-        if msg is None:
+        found = self.messages.get(t.bookmark)
+        if found is None:
             raise StateError(f"{t.bookmark} is not queued in {self.name}")
+        msg = found
         new_state = next_state(msg.state, ACTION_OF[t.kind])
         self._leave(msg)
         msg.state = new_state

@@ -6,10 +6,11 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker.errors import KafkaUnavailableError
+from broker.values import Bookmark
 
 log = logging.getLogger("kq.kafka")
 
@@ -73,7 +74,7 @@ def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1
     wanted = [NewTopic(n, partitions, 1) for n in names if n not in existing]
     if not wanted:
         return
-    for name, future in client.create_topics(wanted, operation_timeout=10).items():
+    for future in client.create_topics(wanted, operation_timeout=10).values():
         try:
             future.result()
         except KafkaException as exc:
@@ -101,3 +102,17 @@ def take(c: Consumer, max_records: int, timeout: float) -> list[Any]:
     if first is None:
         return []
     return [first, *c.consume(max_records - 1, 0)] if max_records > 1 else [first]
+
+
+def bookmark_of(rec: Message) -> Bookmark:
+    """The bookmark TOPIC/PARTITION/OFFSET of a consumed record."""
+    topic, partition, offset = rec.topic(), rec.partition(), rec.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return Bookmark(topic, partition, offset)
+
+
+def headers_of(rec: Message) -> list[tuple[str, bytes | None]]:
+    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
+    raw = rec.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw
+    return [(str(k), v.encode() if isinstance(v, str) else v) for k, v in pairs]

@@ -76,7 +76,8 @@ class EmbeddedBroker:
         deadline = time.monotonic() + timeout
         while not port_open(self.host, self.port):
             if self._proc.poll() is not None:
-                raise EmbeddedBrokerError(f"the embedded broker exited with {self._proc.returncode}")
+                code = self._proc.returncode
+                raise EmbeddedBrokerError(f"the embedded broker exited with {code}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise EmbeddedBrokerError(f"the embedded broker did not listen within {timeout}s")

@@ -142,13 +142,14 @@ class Committer:
                 if err is not None:
                     errors.append(f"{msg.topic()}: {err.str()}")
                 else:
-                    offsets[i] = msg.offset()
+                    offsets[i] = msg.offset() or 0
             return on_delivery
 
         for i, r in enumerate(records):
             while True:
                 try:
-                    self._producer.produce(r.topic, r.value, r.key, headers=r.headers,
+                    self._producer.produce(r.topic, r.value, r.key,
+                                           headers=r.headers,  # type: ignore[arg-type]
                                            partition=r.partition, on_delivery=report(i))
                     break
                 except BufferError:  # local queue full: let it drain

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter as Counter_
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -30,11 +31,10 @@ class Metrics:
             start_http_server(port, registry=self.registry)
 
     def observe(self, transitions: Iterable[Transition], records_in: int) -> None:
-        touched = set()
-        for t in transitions:
-            self.transitions.labels(t.queue, t.kind.value, t.reason or "").inc()
-            if t.kind is not Kind.SUBSCRIBED:
-                touched.add(t.queue)
+        counts = Counter_((t.queue, t.kind, t.reason) for t in transitions)
+        for (queue, kind, reason), n in counts.items():
+            self.transitions.labels(queue, kind.value, reason or "").inc(n)
+        touched = {queue for queue, kind, _ in counts if kind is not Kind.SUBSCRIBED}
         self.records_in.inc(records_in)
         for name in touched:
             q = self._engine.queues.get(name)

@@ -13,7 +13,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
-from broker.kafka.clients import take
+from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
 from broker.state.layout import (
     Checkpoint,
@@ -117,13 +117,14 @@ def _refetch_payloads(store: Store, engine: Engine, consumer: Consumer, cp: Chec
     missing = {
         t.bookmark for t in cp.transitions
         if t.kind is Kind.ENQUEUED and t.bookmark is not None
-        and t.bookmark in engine.queues[t.queue].messages and load_payload(store, t.bookmark) is None
+        and t.bookmark in engine.queues[t.queue].messages
+        and load_payload(store, t.bookmark) is None
     }
     if not missing:
         return
     found = fetch_records(consumer, missing)
     for bm, rec in found.items():
-        cp.payloads[bm] = Payload(rec.key(), rec.value(), list(rec.headers() or []),
+        cp.payloads[bm] = Payload(rec.key(), rec.value(), headers_of(rec),
                                   rec.timestamp()[1])
     if len(found) < len(missing):
         raise StateError(f"{len(missing) - len(found)} journaled messages could not be read "

@@ -24,7 +24,7 @@ from broker.engine.engine import Engine
 from broker.errors import CommandError, StateError
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
-from broker.service.commit import Committer, OutRecord, Outbox
+from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.metrics import Metrics
 from broker.service.queries import answer
 from broker.service.recovery import recover
@@ -130,9 +130,9 @@ class Service:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err.str())
                 continue
-            topic, partition, offset = rec.topic(), rec.partition(), rec.offset()
-            batch.cp.positions[(topic, partition)] = offset + 1
-            if topic == self.topics.commands:
+            bm = clients.bookmark_of(rec)
+            batch.cp.positions[(bm.topic, bm.partition)] = bm.offset + 1
+            if bm.topic == self.topics.commands:
                 self._command(rec, now, batch)
             else:
                 self._source_record(rec, now, batch)
@@ -142,17 +142,17 @@ class Service:
         self.metrics.observe(batch.cp.transitions, records_in=len(records))
 
     def _source_record(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
-        topic = rec.topic()
-        bm = Bookmark(topic, rec.partition(), rec.offset())
-        queues = self.router.queues_of(topic)
-        target = self.router.forward_target(topic)
+        bm = clients.bookmark_of(rec)
+        queues = self.router.queues_of(bm.topic)
+        target = self.router.forward_target(bm.topic)
+        headers = clients.headers_of(rec)
         if target is not None:
-            headers = list(rec.headers() or []) + [("kq-forwarded-from", str(bm).encode())]
-            batch.outbox.copies.append(OutRecord(target, rec.value(), rec.key(), headers))
+            forwarded = [*headers, ("kq-forwarded-from", str(bm).encode())]
+            batch.outbox.copies.append(OutRecord(target, rec.value(), rec.key(), forwarded))
         if not queues:
             return
         ts = rec.timestamp()[1]
-        batch.cp.payloads[bm] = Payload(rec.key(), rec.value(), list(rec.headers() or []), ts)
+        batch.cp.payloads[bm] = Payload(rec.key(), rec.value(), headers, ts)
         for name in queues:
             self._run(ev.MessageArrived(name, bm, ts), now, batch)
 
