@@ -40,6 +40,9 @@ def serve(
     bootstrap_servers: BootstrapOpt = None,
     broker_port: Annotated[int, typer.Option(help="Port of the embedded broker, when one is "
                                              "started (no bootstrap servers given).")] = 9092,
+    data_dir: Annotated[str | None, typer.Option(
+        envvar="KQ_DATA_DIR", help="Where RocksDB keeps the state (overrides the config's "
+                                   "data_dir).")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
     """Run the queue service. With no bootstrap servers it starts the embedded broker."""
@@ -48,6 +51,9 @@ def serve(
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load(config)
+    if data_dir:
+        cfg = cfg.model_copy(update={"service": cfg.service.model_copy(
+            update={"data_dir": data_dir})})
     if not cfg.queue:
         fail("the config defines no [[queue]]; nothing to serve", 2)
     bootstrap = bootstrap_servers or cfg.service.bootstrap_servers
