@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import threading
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,6 +24,14 @@ from cli.common import (
 )
 
 EMBEDDED_NOTE = "embedded broker (memory storage: its topics are gone when it stops)"
+
+
+def _forget_stale_state(data_dir: Path) -> None:
+    """A new embedded broker starts empty, so state kept for an earlier one describes topics
+    that no longer exist; keeping it would only make the service refuse to start."""
+    if (data_dir / "CURRENT").is_file() and (data_dir / "IDENTITY").is_file():  # RocksDB
+        shutil.rmtree(data_dir)
+        console.print(f"kq: cleared {data_dir}: it held the state of an earlier embedded broker")
 
 
 def _on_signals(stop: threading.Event | None = None, action=None) -> None:  # noqa: ANN001
@@ -65,6 +75,7 @@ def serve(
             fail(f"cannot start the embedded broker: {exc}")
         bootstrap = embedded.bootstrap_servers
         console.print(f"kq: started the {EMBEDDED_NOTE} at [bold]{bootstrap}[/]")
+        _forget_stale_state(Path(cfg.service.data_dir))
     service = Service(cfg, bootstrap)
     _on_signals(action=service.stop)
     console.print(f"kq: serving {len(cfg.queue)} queue(s) from Kafka at [bold]{bootstrap}[/], "

@@ -21,5 +21,6 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield existing
         return
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    with EmbeddedBroker(port=free_port(), log_path=log) as broker:
-        yield broker.bootstrap_servers
+    broker = EmbeddedBroker(port=free_port(), log_path=log).start()
+    yield broker.bootstrap_servers
+    broker.stop(timeout=0)  # memory only: nothing to save, no need to wait for clients

@@ -88,7 +88,7 @@ class EmbeddedBroker:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # it waits up to 5 s for connected clients to leave
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -117,6 +117,8 @@ class Service:
             self._consumer.close()
             self._producer.flush(5)
             store.close()
+            # Drop every client now: a broker being stopped waits for open connections.
+            del self._committer, self._producer, self._admin
 
     # -- one iteration ---------------------------------------------------------------------
     def _step(self) -> None:

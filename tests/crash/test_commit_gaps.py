@@ -87,17 +87,14 @@ def test_at_most_once_is_never_delivered_twice_across_a_crash(bootstrap, setup, 
     with QueueClient(bootstrap, topic_prefix=prefix) as c:
         sub = c.subscribe(name, max_backlog=1)
         bms = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}'])
-        first = drain(sub, 1, timeout=3)
-        assert serve.wait_exit() == SIGKILLED
-    # the close waits in the commands topic; the restarted service reads it first
-    serve.start()
-    try:
-        with QueueClient(bootstrap, topic_prefix=prefix) as c2:
-            rest = drain(c2.subscribe(name, max_backlog=5), 5, timeout=3)
-    finally:
-        serve.stop()
-    seen = [m.bookmark for m in first + rest]
-    assert len(seen) == len(set(seen)), f"delivered twice: {seen}"
-    # the message sent in the crashed batch is lost if its delivery never left (step 2),
-    # which at-most-once allows; the other one arrives exactly once
-    assert bms[1] in seen
+        assert serve.wait_exit() == SIGKILLED  # in the batch that sent the first message
+        serve.start()
+        try:
+            # the subscription survives the restart; the first message's slot frees after
+            # its lease period and the second one follows
+            seen = [m.bookmark for m in sub.messages(timeout=4)]
+        finally:
+            serve.stop()
+    # after step 2 the first message was journaled as sent but never left: lost, as
+    # at-most-once allows; after step 3 or 4 it was delivered. Never twice.
+    assert seen == (bms[1:] if step == 2 else bms)

@@ -141,3 +141,26 @@ def test_kq_broker_serves_and_stops_on_sigterm(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     assert not port_open("127.0.0.1", port)
+
+
+def test_serve_on_the_embedded_broker_starts_again_after_a_stop(tmp_path):
+    """`make run` twice: the second embedded broker is empty, the old state must not block."""
+    from broker.kafka.embedded import free_port
+
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state")
+    port = free_port()
+    for _ in range(2):
+        log = tmp_path / "serve.log"
+        serve = ServeProcess(cfg, log)
+        serve.proc = None
+        before = log.read_text().count("ready:") if log.exists() else 0
+        with open(log, "a") as out:
+            proc = subprocess.Popen([*KQ, "serve", "--config", str(cfg), "--broker-port",
+                                     str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(lambda: log.read_text().count("ready:") > before or proc.poll() is not None,  # noqa: B023
+                 30, "kq serve on the embedded broker")
+        assert proc.poll() is None, log.read_text()
+        assert f"127.0.0.1:{port}" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    assert "cleared" in log.read_text()
