@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,14 @@ from pydantic import (
 
 from broker.errors import ConfigError
 from broker.values import Duration
+
+
+def parse_time(text: str) -> int:
+    """An ISO-8601 time as epoch milliseconds (UTC when it names no zone)."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
 
 
 def _duration(value: Any) -> Duration:
@@ -126,11 +135,26 @@ class QueueConfig(_Strict):
                 raise ValueError(f"not supported yet: {key}")
         if self.format == "avro":
             raise ValueError("not supported yet: format = 'avro' (use 'json' or 'bytes')")
-        if self.recovery_point != "earliest":
-            raise ValueError(
-                f"not supported yet: recovery_point = {self.recovery_point!r} (only 'earliest')"
-            )
         return self
+
+    @field_validator("recovery_point")
+    @classmethod
+    def _recovery_point(cls, value: str) -> str:
+        if value not in ("earliest", "latest"):
+            try:
+                parse_time(value)
+            except ValueError:
+                raise ValueError(f"bad recovery_point {value!r}: use 'earliest', 'latest' or "
+                                 "an ISO-8601 time like 2026-11-22T08:00:00Z") from None
+        return value
+
+    def recovery_start_ms(self, now_ms: int) -> int:
+        """The time a new queue starts from: records older than this are not enqueued."""
+        if self.recovery_point == "earliest":
+            return 0
+        if self.recovery_point == "latest":
+            return now_ms
+        return parse_time(self.recovery_point)
 
     @property
     def topic_regex(self) -> re.Pattern[str]:

@@ -91,3 +91,16 @@ def subscribers(
         table.add_row(r["client"], r["queue"], r["sub_id"][:12], str(r["backlog"]),
                       str(r["leased"]), f"{age(int(now - seen))} ago" if seen else "-")
     console.print(table)
+
+
+def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
+                    json: JsonOpt = False) -> None:
+    """Per queue and partition: the offset below which every message is finished."""
+    rows = ask(config, bootstrap_servers, what="recovery_points")["recovery_points"]
+    if json:
+        print_json(rows)
+        return
+    table = Table("queue", "topic", "partition", "recovery point")
+    for r in rows:
+        table.add_row(r["queue"], r["topic"], str(r["partition"]), str(r["offset"]))
+    console.print(table)

@@ -19,6 +19,7 @@ app.command()(serve.broker)
 app.command()(inspect.queues)
 app.command()(inspect.inspect)
 app.command()(inspect.subscribers)
+app.command("recovery-points")(inspect.recovery_points)
 app.command()(manual.publish)
 app.command()(manual.consume)
 

@@ -60,6 +60,8 @@ class Engine:
                 self._cancel(event, now)
             case ev.ExpireRequested():
                 self._expire(event, now)
+            case ev.Configured():
+                self._configure(event, now)
             case ev.Tick():
                 self._tick(now)
         for name in sorted(self._touched):
@@ -78,6 +80,11 @@ class Engine:
         if t.kind is Kind.UNSUBSCRIBED:
             self.subs.pop(t.sub_id or "", None)
         return q.apply(t)
+
+    def resets(self, effects: list[Effect]) -> set[str]:
+        """The queues these effects start again from a new recovery point."""
+        return {e.transition.queue for e in effects if isinstance(e, Journal)
+                and e.transition.kind is Kind.CONFIGURED and e.transition.seq == 1}
 
     # -- internals -------------------------------------------------------------------------
     def _do(self, t: Transition) -> Message | None:
@@ -98,9 +105,9 @@ class Engine:
 
     def _arrive(self, e: ev.MessageArrived, now: int) -> None:
         q = self.queues.get(e.queue)
-        if q is None or e.bookmark in q.messages:
-            return
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
+        if q is None or e.bookmark in q.messages or ts < q.start_ms:
+            return
         self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
                             timestamp_ms=ts))
 
@@ -236,6 +243,20 @@ class Engine:
                                 reason=Reason.EXPIRE_REQUESTED.value))
         else:
             self._remove(q, msg, now, Reason.EXPIRE_REQUESTED)
+
+    def _configure(self, e: ev.Configured, now: int) -> None:
+        """A new queue starts at its recovery point; a changed one starts again from it."""
+        q = self.queues.get(e.queue)
+        if q is None or q.recovery_point == e.recovery_point:
+            return
+        reset = q.recovery_point is not None
+        if reset:
+            for msg in sorted(q.messages.values(), key=lambda m: m.seq):
+                kind = Kind.RELEASED if msg.state is MessageState.SENT else Kind.REMOVED
+                self._do(Transition(kind, q.name, now, msg.bookmark, reason=Reason.RESET.value))
+        # seq=1 marks a reset: the shell rewinds the queue's input positions with it
+        self._do(Transition(Kind.CONFIGURED, q.name, now, reason=e.recovery_point,
+                            timestamp_ms=e.start_ms, seq=int(reset)))
 
     def _tick(self, now: int) -> None:
         for q in self.queues.values():

@@ -67,6 +67,15 @@ class ExpireRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class Configured:
+    """At start-up: the queue's configured recovery point, resolved to a start time."""
+
+    queue: str
+    recovery_point: str
+    start_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed: lapse leases, expire messages, drop silent clients."""
 
@@ -80,5 +89,6 @@ Event = (
     | Acked
     | Cancelled
     | ExpireRequested
+    | Configured
     | Tick
 )

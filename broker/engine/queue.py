@@ -91,6 +91,10 @@ class QueueState:
         self.subs: dict[str, Subscription] = {}  # in subscription order
         self.stats = QueueStats()
         self.rr_last: str | None = None  # round-robin cursor: sub_id served last
+        # Where the queue starts in its topics: as configured, and as a time (records older
+        # than start_ms are not enqueued; 0 for earliest). None until first configured.
+        self.recovery_point: str | None = None
+        self.start_ms = 0
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
@@ -119,7 +123,7 @@ class QueueState:
 
     def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per source partition: the offset below which every message is finished."""
-        points = {tp: pos for tp, pos in positions.items() if self.config.topic_regex.search(tp[0])}
+        points = dict(positions)
         for m in self.messages.values():
             tp = (m.bookmark.topic, m.bookmark.partition)
             if tp in points:
@@ -138,6 +142,9 @@ class QueueState:
             self.subs.pop(t.sub_id or "", None)
             if self.rr_last == t.sub_id:
                 self.rr_last = None
+            return None
+        if t.kind is Kind.CONFIGURED:
+            self.recovery_point, self.start_ms = t.reason, t.timestamp_ms
             return None
         assert t.bookmark is not None
         if t.kind is Kind.ENQUEUED:

@@ -24,6 +24,7 @@ class Kind(StrEnum):
     RELEASED = "released"
     SUBSCRIBED = "subscribed"
     UNSUBSCRIBED = "unsubscribed"
+    CONFIGURED = "configured"  # a queue's recovery point: reason = as configured, timestamp_ms
 
 
 # The message action each message-level kind performs.
@@ -49,6 +50,7 @@ class Reason(StrEnum):
     MAX_CANCELS = "max-cancels"
     EXPIRED = "expired"
     EXPIRE_REQUESTED = "expire-requested"
+    RESET = "reset"  # the queue's recovery point changed: it starts again from the new one
 
 
 @dataclass(frozen=True, slots=True)

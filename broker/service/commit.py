@@ -108,8 +108,8 @@ class Committer:
         rows = [transition_record(t) for t in cp.transitions]
         chunks = [rows[i:i + TRANSITIONS_PER_PART]
                   for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
-        inputs = [{"topic": t, "partition": p, "offset": o}
-                  for (t, p), o in sorted(cp.positions.items())]
+        inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
+                  for (r, t, p), o in sorted(cp.positions.items())]
         now = int(time.time() * 1000)
         records = [
             OutRecord(self._journal_topic, wire.encode("journal", {

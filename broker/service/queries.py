@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from broker.engine.engine import Engine
@@ -28,8 +29,11 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
     }
 
 
+PositionsOf = Callable[[str], dict[tuple[str, int], int]]
+
+
 def answer(engine: Engine, args: dict[str, Any], now: int,
-           positions: dict[tuple[str, int], int]) -> dict[str, Any]:
+           positions: PositionsOf) -> dict[str, Any]:
     what = args.get("what")
     if what == "queues":
         return {"queues": [queue_row(q, now, len(q.subs)) for q in engine.queues.values()]}
@@ -46,11 +50,16 @@ def answer(engine: Engine, args: dict[str, Any], now: int,
             for s in engine.subs.values() if not name or s.queue == name
         ]
         return {"subscribers": rows}
+    if what == "recovery_points":
+        rows = [{"queue": name, "topic": t, "partition": p, "offset": o}
+                for name, q in engine.queues.items()
+                for (t, p), o in sorted(q.recovery_points(positions(name)).items())]
+        return {"recovery_points": rows}
     raise CommandError(f"unknown query {what!r}")
 
 
 def _inspect(engine: Engine, args: dict[str, Any], now: int,
-             positions: dict[tuple[str, int], int]) -> dict[str, Any]:
+             positions: PositionsOf) -> dict[str, Any]:
     name = args.get("queue", "")
     q = engine.queues.get(name)
     if q is None:
@@ -72,7 +81,7 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
         })
         if len(rows) >= limit:
             break
-    points = q.recovery_points(positions)
+    points = q.recovery_points(positions(name))
     return {
         "summary": queue_row(q, now, len(q.subs)),
         "messages": rows,

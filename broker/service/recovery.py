@@ -18,6 +18,7 @@ from broker.kafka.fetch import fetch_records
 from broker.state.layout import (
     Checkpoint,
     Payload,
+    ReaderKey,
     load_engine,
     load_meta,
     load_payload,
@@ -33,7 +34,7 @@ JOURNAL_READ_TIMEOUT_S = 60.0
 
 @dataclass
 class Recovered:
-    positions: dict[tuple[str, int], int]
+    positions: dict[ReaderKey, int]
     next_batch: int
     replayed_batches: int
 
@@ -98,7 +99,8 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                         engine.apply(t)
                         cp.transitions.append(t)
                 for pos in part["inputs"]:
-                    cp.positions[(pos["topic"], pos["partition"])] = pos["offset"]
+                    key = (pos["reader"], pos["topic"], pos["partition"])
+                    cp.positions[key] = pos["offset"]
                 cp.batch, cp.journal_offset = part["batch"] + 1, off
                 replayed += 1
                 pending = []

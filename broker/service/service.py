@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError
 from confluent_kafka import Message as KafkaMessage
 
 from broker import wire
@@ -25,6 +25,7 @@ from broker.errors import CommandError, StateError
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
+from broker.service.inputs import SERVICE, Inputs
 from broker.service.metrics import Metrics
 from broker.service.queries import answer
 from broker.service.recovery import recover
@@ -38,7 +39,6 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 POLL_TIMEOUT_S = 0.02
-TOPIC_REFRESH_S = 2.0
 
 
 def now_ms() -> int:
@@ -79,12 +79,9 @@ class Service:
         self.router = Router(config.queue, svc.topic_prefix)
         self.engine = Engine(config.queue, svc.heartbeat_timeout.ms)
         self._store = store
-        self.positions: dict[tuple[str, int], int] = {}
         self.metrics = Metrics(self.engine)
         self._stop = threading.Event()
         self.ready = threading.Event()
-        self._assigned: set[tuple[str, int]] = set()
-        self._last_refresh = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -105,9 +102,10 @@ class Service:
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
                           self._committer.write_marker, now_ms())
             self._committer.next_batch = rec.next_batch
-            self.positions = rec.positions
-            self._assign_commands()
-            self._refresh_topics(force=True)
+            self.inputs = Inputs(self._consumer, self._admin, self.router, self.engine,
+                                 self.topics.commands, rec.positions)
+            self._configure_queues()
+            self.inputs.start()
             self.ready.set()
             log.info("ready: %d queue(s), %d batch(es) replayed from the journal",
                      len(self.engine.queues), rec.replayed_batches)
@@ -121,8 +119,26 @@ class Service:
             del self._committer, self._producer, self._admin
 
     # -- one iteration ---------------------------------------------------------------------
+    def _configure_queues(self) -> None:
+        """New queues start at their recovery point; changed ones start again from it."""
+        batch = _Batch()
+        now = now_ms()
+        for name, q in self.engine.queues.items():
+            event = ev.Configured(name, q.config.recovery_point, q.config.recovery_start_ms(now))
+            self._run(event, now, batch)
+        for name in self.engine.resets([Journal(t) for t in batch.cp.transitions]):
+            log.warning("queue %s: recovery point changed to %s; it starts again from there",
+                        name, self.engine.queues[name].recovery_point)
+            batch.cp.positions.update(self.inputs.rewind(name))
+        self._commit(batch, records_in=0)
+
+    def _commit(self, batch: _Batch, records_in: int) -> None:
+        self._committer.commit(batch.cp, batch.outbox)
+        self.inputs.positions.update(batch.cp.positions)
+        self.metrics.observe(batch.cp.transitions, records_in=records_in)
+
     def _step(self) -> None:
-        self._refresh_topics()
+        self.inputs.refresh()
         records = clients.take(self._consumer, BATCH_SIZE, POLL_TIMEOUT_S)
         now = now_ms()
         batch = _Batch()
@@ -133,20 +149,22 @@ class Service:
                     log.warning("consume error: %s", err.str())
                 continue
             bm = clients.bookmark_of(rec)
-            batch.cp.positions[(bm.topic, bm.partition)] = bm.offset + 1
+            readers = [r for r in self.inputs.readers(bm.topic)
+                       if self.inputs.is_new(r, bm.topic, bm.partition, bm.offset)]
+            for reader in readers:
+                batch.cp.positions[(reader, bm.topic, bm.partition)] = bm.offset + 1
             if bm.topic == self.topics.commands:
-                self._command(rec, now, batch)
+                if readers:
+                    self._command(rec, now, batch)
             else:
-                self._source_record(rec, now, batch)
+                self._source_record(rec, bm, readers, now, batch)
         self._run(ev.Tick(), now, batch)
-        self._committer.commit(batch.cp, batch.outbox)
-        self.positions.update(batch.cp.positions)
-        self.metrics.observe(batch.cp.transitions, records_in=len(records))
+        self._commit(batch, records_in=len(records))
 
-    def _source_record(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
-        bm = clients.bookmark_of(rec)
-        queues = self.router.queues_of(bm.topic)
-        target = self.router.forward_target(bm.topic)
+    def _source_record(self, rec: KafkaMessage, bm: Bookmark, readers: list[str], now: int,
+                       batch: _Batch) -> None:
+        queues = [r for r in readers if r != SERVICE]
+        target = self.router.forward_target(bm.topic) if SERVICE in readers else None
         headers = clients.headers_of(rec)
         if target is not None:
             forwarded = [*headers, ("kq-forwarded-from", str(bm).encode())]
@@ -167,7 +185,7 @@ class Service:
                     self._reply(batch, item.client, item.request_id, error=item.message)
             elif isinstance(item, Query):
                 try:
-                    body = answer(self.engine, item.args, now, self.positions)
+                    body = answer(self.engine, item.args, now, self.inputs.of_queue)
                 except CommandError as exc:
                     self._reply(batch, item.client, item.request_id, error=str(exc))
                 else:
@@ -228,32 +246,3 @@ class Service:
             "body": json.dumps(body) if body is not None else None, "error": error,
         })
         batch.outbox.deliveries.append(OutRecord(self.topics.deliver(client), env))
-
-    # -- inputs ----------------------------------------------------------------------------
-    def _assign_commands(self) -> None:
-        tp = (self.topics.commands, 0)
-        if tp not in self.positions:
-            # Commands sent before a fresh start are stale: begin at the current end.
-            self.positions[tp] = clients.end_offset(self._consumer, *tp)
-        self._assign([tp])
-
-    def _refresh_topics(self, force: bool = False) -> None:
-        """Pick up underlying topics (and partitions) that appeared since the last look."""
-        if not force and time.monotonic() - self._last_refresh < TOPIC_REFRESH_S:
-            return
-        self._last_refresh = time.monotonic()
-        try:
-            topics = clients.topic_partitions(self._admin, timeout=5)
-        except Exception as exc:  # a slow metadata answer must not stop serving
-            log.warning("could not list topics: %s", exc)
-            return
-        new = [(t, p) for t, n in topics.items() if self.router.wanted(t)
-               for p in range(n) if (t, p) not in self._assigned]
-        if new:
-            log.info("reading %s", ", ".join(f"{t}/{p}" for t, p in new))
-            self._assign(new)
-
-    def _assign(self, tps: list[tuple[str, int]]) -> None:
-        self._consumer.incremental_assign(
-            [TopicPartition(t, p, self.positions.get((t, p), 0)) for t, p in tps])
-        self._assigned.update(tps)

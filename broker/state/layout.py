@@ -5,7 +5,8 @@ Keys (bytes, NUL-separated so a prefix scan never crosses into a neighbour):
   p/BOOKMARK         the record of an unfinished message, shared by every queue holding it
   s/SUB_ID           a live subscription (JSON)
   q/QUEUE            a queue's counters (StoredQueue)
-  o/TOPIC/PARTITION  the next input offset to read
+  o/READER/TOPIC/PARTITION  the next offset READER (a queue, or "" for the service's own
+                     commands and forwarding) reads; -1: not read yet, start at the recovery point
   meta/journal       the journal offset and batch number this state reflects (JSON)
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from broker import wire
 from broker.engine.engine import Engine
-from broker.engine.queue import Message, QueueStats
+from broker.engine.queue import Message, QueueState, QueueStats
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Transition
 from broker.state.store import Store
@@ -45,8 +46,12 @@ def queue_key(queue: str) -> bytes:
     return b"q" + SEP + queue.encode()
 
 
-def offset_key(topic: str, partition: int) -> bytes:
-    return b"o" + SEP + topic.encode() + SEP + str(partition).encode()
+# (reader, topic, partition): reader is a queue name, or "" for the service's own reading
+ReaderKey = tuple[str, str, int]
+
+
+def offset_key(reader: str, topic: str, partition: int) -> bytes:
+    return b"o" + SEP + reader.encode() + SEP + topic.encode() + SEP + str(partition).encode()
 
 
 @dataclass
@@ -85,17 +90,20 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
                    r["delivery_count"], r["cancel_count"], r["holder"], r["deadline_ms"])
 
 
-def encode_stats(s: QueueStats) -> bytes:
+def encode_queue(q: QueueState) -> bytes:
+    s = q.stats
     return wire.encode("stored_queue", {
         "next_seq": s.next_seq, "enqueued": s.enqueued, "acked": s.acked,
         "delivered": s.delivered, "dead_lettered": s.dead_lettered, "removed": dict(s.removed),
+        "recovery_point": q.recovery_point, "start_ms": q.start_ms,
     })
 
 
-def decode_stats(data: bytes) -> QueueStats:
+def decode_queue(data: bytes, q: QueueState) -> None:
     r = wire.decode("stored_queue", data)
-    return QueueStats(r["next_seq"], r["enqueued"], r["acked"], r["delivered"],
-                      Counter(r["removed"]), r["dead_lettered"])
+    q.stats = QueueStats(r["next_seq"], r["enqueued"], r["acked"], r["delivered"],
+                         Counter(r["removed"]), r["dead_lettered"])
+    q.recovery_point, q.start_ms = r["recovery_point"], r["start_ms"]
 
 
 @dataclass
@@ -104,7 +112,7 @@ class Checkpoint:
 
     transitions: list[Transition] = field(default_factory=list)
     payloads: dict[Bookmark, Payload] = field(default_factory=dict)
-    positions: dict[tuple[str, int], int] = field(default_factory=dict)
+    positions: dict[ReaderKey, int] = field(default_factory=dict)
     journal_offset: int | None = None
     batch: int = 0
 
@@ -142,20 +150,20 @@ class Checkpoint:
             else:
                 deletes.append(payload_key(bm))
         for name in touched_queues:
-            puts[queue_key(name)] = encode_stats(engine.queues[name].stats)
-        for (topic, partition), offset in self.positions.items():
-            puts[offset_key(topic, partition)] = str(offset).encode()
+            puts[queue_key(name)] = encode_queue(engine.queues[name])
+        for (reader, topic, partition), offset in self.positions.items():
+            puts[offset_key(reader, topic, partition)] = str(offset).encode()
         if self.journal_offset is not None:
             puts[META_JOURNAL] = json.dumps(
                 {"offset": self.journal_offset, "batch": self.batch}).encode()
         store.write(puts, deletes)
 
 
-def load_positions(store: Store) -> dict[tuple[str, int], int]:
+def load_positions(store: Store) -> dict[ReaderKey, int]:
     positions = {}
     for key, value in store.scan(b"o" + SEP):
-        _, topic, partition = key.split(SEP)
-        positions[(topic.decode(), int(partition))] = int(value)
+        _, reader, topic, partition = key.split(SEP)
+        positions[(reader.decode(), topic.decode(), int(partition))] = int(value)
     return positions
 
 
@@ -175,7 +183,7 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
     for name, q in engine.queues.items():
         raw = store.get(queue_key(name))
         if raw:
-            q.stats = decode_stats(raw)
+            decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
         messages: Iterable[Message] = (
             decode_message(Bookmark.parse(k[len(prefix):].decode()), v)

@@ -45,7 +45,7 @@ def test_at_most_once_defaults_to_round_robin():
     (q(target_queue_depth=5, priority="/p"), ["target_queue_depth", "priority"]),
     (q(priority="/p"), ["queue 'ORDERS'", "not supported yet: priority"]),
     (q(lvq_key="/k"), ["not supported yet: lvq_key"]),
-    (q(recovery_point="latest"), ["not supported yet: recovery_point"]),
+    (q(recovery_point="yesterday"), ["'recovery_point'", "ISO-8601"]),
     (q(semantics="sometimes"), ["'semantics'"]),
     (q(max_deliveries=-1), ["'max_deliveries'"]),
     ({"service": {"colour": "red"}}, ["'service.colour'", "unknown key"]),

@@ -2,7 +2,7 @@
 
 from broker.engine import events as ev
 from broker.engine.engine import Engine
-from broker.values import Duration
+from broker.values import Bookmark, Duration
 from tests.unit.harness import Harness, delivered, queue
 
 
@@ -66,3 +66,28 @@ def test_restored_subscriptions_get_nothing_until_their_client_is_heard_from():
     gone.restore("Q", [Message(a, 0, h.now)], [restored_sub], h.now)
     gone.handle(ev.Tick(), h.now + 10_000)
     assert gone.subs == {}
+
+
+def test_a_new_queue_is_configured_once_and_skips_records_older_than_its_start():
+    h = Harness(queue(recovery_point="latest"))
+    out = h.handle(ev.Configured("Q", "latest", h.now))
+    assert [e.transition.kind.value for e in out if hasattr(e, "transition")] == ["configured"]
+    assert h.handle(ev.Configured("Q", "latest", h.now + 5)) == []  # unchanged: nothing
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 0), h.now - 1))  # older than the start
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 1), h.now))
+    assert [str(b) for b in h.engine.queue("Q").messages] == ["T/0/1"]
+
+
+def test_changing_the_recovery_point_removes_everything_and_marks_a_reset():
+    h = Harness(queue(semantics="at-most-once"))
+    h.handle(ev.Configured("Q", "earliest", 0))
+    a, b = h.publish(2)
+    h.subscribe("w1")  # a is sent (at-most-once), b available
+    out = h.handle(ev.Configured("Q", "2026-01-01T00:00:00Z", 1_767_225_600_000))
+    kinds = [(e.transition.kind.value, e.transition.reason) for e in out
+             if hasattr(e, "transition")]
+    assert kinds == [("released", "reset"), ("removed", "reset"),
+                     ("configured", "2026-01-01T00:00:00Z")]
+    assert h.engine.resets(out) == {"Q"}
+    q = h.engine.queue("Q")
+    assert q.messages == {} and q.start_ms == 1_767_225_600_000

@@ -36,13 +36,13 @@ def test_checkpoint_then_load_restores_the_engine(store):
     first = delivered(h.effects)[0]
     h.ack(first[0], first[1])
     h.cancel("w1", delivered(h.effects)[1][1])
-    cp = Checkpoint(transitions=list(h.journal), positions={("T", 0): 7}, journal_offset=3,
+    cp = Checkpoint(transitions=list(h.journal), positions={("Q", "T", 0): 7}, journal_offset=3,
                     payloads={bm: Payload(b"k", b"{}", [("h", b"v")], 1) for bm in bms})
     cp.write(store, h.engine)
     fresh = Engine(cfg, 10_000)
     load_engine(store, fresh, h.now)
     assert snapshot(fresh) == snapshot(h.engine)
-    assert load_positions(store) == {("T", 0): 7}
+    assert load_positions(store) == {("Q", "T", 0): 7}
     assert load_payload(store, bms[-1]) == Payload(b"k", b"{}", [("h", b"v")], 1)
     assert load_payload(store, first[1]) is None  # acked: its payload is gone
 

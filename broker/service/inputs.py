@@ -1,0 +1,115 @@
+"""What the service reads, from where, and on whose behalf.
+
+Every queue is a reader of the partitions its regex matches, with its own position, so a queue
+added later (or whose recovery point changed) can start further back than the others; the
+service itself is the reader "" of its commands topic and of the topics it forwards. Each
+partition is read from the lowest position of its readers, and a record counts for a reader
+only at or beyond that reader's position.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from broker.engine.engine import Engine
+from broker.kafka import clients
+from broker.service.routing import Router
+from broker.state.layout import ReaderKey
+
+log = logging.getLogger("kq.inputs")
+
+SERVICE = ""  # the reader name of the service itself
+UNSET = -1  # a position not read yet: start at the reader's recovery point
+TOPIC_REFRESH_S = 2.0
+
+
+class Inputs:
+    def __init__(self, consumer: Consumer, admin: AdminClient, router: Router, engine: Engine,
+                 commands_topic: str, positions: dict[ReaderKey, int]) -> None:
+        self._consumer, self._admin, self._router = consumer, admin, router
+        self._engine = engine
+        self.commands_topic = commands_topic
+        self.positions = positions
+        self._assigned: set[tuple[str, int]] = set()
+        self._last_refresh = 0.0
+
+    def start(self) -> None:
+        key = (SERVICE, self.commands_topic, 0)
+        if self.positions.get(key, UNSET) < 0:
+            # Commands sent before a fresh start are stale: begin at the current end.
+            self.positions[key] = clients.end_offset(self._consumer, self.commands_topic, 0)
+        self._assign([(self.commands_topic, 0)])
+        self.refresh(force=True)
+
+    def readers(self, topic: str) -> tuple[str, ...]:
+        if topic == self.commands_topic:
+            return (SERVICE,)
+        queues = self._router.queues_of(topic)
+        return (*queues, SERVICE) if self._router.forward_target(topic) else queues
+
+    def is_new(self, reader: str, topic: str, partition: int, offset: int) -> bool:
+        """Whether `reader` has not consumed this record yet."""
+        return offset >= self.positions.get((reader, topic, partition), UNSET)
+
+    def rewind(self, queue: str) -> dict[ReaderKey, int]:
+        """Positions that send `queue` back to its recovery point in every partition."""
+        return {key: UNSET for key in self.positions if key[0] == queue}
+
+    def of_queue(self, queue: str) -> dict[tuple[str, int], int]:
+        return {(t, p): o for (r, t, p), o in self.positions.items() if r == queue and o >= 0}
+
+    def refresh(self, force: bool = False) -> None:
+        """Pick up underlying topics (and partitions) that appeared since the last look."""
+        if not force and time.monotonic() - self._last_refresh < TOPIC_REFRESH_S:
+            return
+        self._last_refresh = time.monotonic()
+        try:
+            topics = clients.topic_partitions(self._admin, timeout=5)
+        except Exception as exc:  # a slow metadata answer must not stop serving
+            log.warning("could not list topics: %s", exc)
+            return
+        new = [(t, p) for t, n in topics.items() if self._router.wanted(t)
+               for p in range(n) if (t, p) not in self._assigned]
+        if new:
+            log.info("reading %s", ", ".join(f"{t}/{p}" for t, p in new))
+            self._assign(new)
+
+    def _start_offset(self, topic: str, partition: int) -> int:
+        """The lowest offset any reader of this partition still needs."""
+        starts = []
+        for reader in self.readers(topic):
+            pos = self.positions.get((reader, topic, partition), UNSET)
+            if pos >= 0:
+                starts.append(pos)
+            elif reader == SERVICE:
+                starts.append(0)
+            else:
+                starts.append(self._offset_at(topic, partition,
+                                              self._engine.queues[reader].start_ms))
+        return min(starts, default=0)
+
+    def _offset_at(self, topic: str, partition: int, start_ms: int) -> int:
+        """Where to begin reading for records from `start_ms` on.
+
+        Only a hint: records older than the start time are skipped by the engine anyway, and
+        a broker that answers 0 (the embedded one does) just makes kq read more.
+        """
+        if start_ms <= 0:
+            return 0
+        try:
+            (tp,) = self._consumer.offsets_for_times([TopicPartition(topic, partition, start_ms)],
+                                                     timeout=5)
+        except Exception:  # noqa: BLE001 - a hint: fall back to reading everything
+            return 0
+        if tp.offset >= 0:
+            return int(tp.offset)
+        return clients.end_offset(self._consumer, topic, partition)  # nothing that recent
+
+    def _assign(self, tps: list[tuple[str, int]]) -> None:
+        self._consumer.incremental_assign(
+            [TopicPartition(t, p, self._start_offset(t, p)) for t, p in tps])
+        self._assigned.update(tps)
