@@ -29,7 +29,7 @@ from broker.values import Bookmark
 
 log = logging.getLogger("kq.recovery")
 
-JOURNAL_READ_TIMEOUT_S = 60.0
+JOURNAL_STALL_TIMEOUT_S = 30.0  # give up when the journal yields nothing for this long
 
 
 @dataclass
@@ -66,12 +66,18 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     replayed = 0
     pending: list[dict] = []  # type: ignore[type-arg]
     consumer.assign([TopicPartition(journal_topic, 0, meta["offset"] + 1)])
-    deadline = time.monotonic() + JOURNAL_READ_TIMEOUT_S
+    if meta["offset"] < 0 and marker_offset > 0:
+        log.warning("no local state: rebuilding every queue from the journal (%d records)",
+                    marker_offset)
+    deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
     done = meta["offset"] + 1 >= marker_offset
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
-        for rec in take(consumer, 500, 0.2):
+        records = take(consumer, 500, 0.2)
+        if records:
+            deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
+        for rec in records:
             if rec.error():
                 continue
             off = rec.offset()
