@@ -1,10 +1,13 @@
-"""What the service reads, from where, and on whose behalf.
+"""What the service reads, from where, on whose behalf, and in which order.
 
 Every queue is a reader of the partitions its regex matches, with its own position, so a queue
 added later (or whose recovery point changed) can start further back than the others; the
 service itself is the reader "" of its commands topic and of the topics it forwards. Each
 partition is read from the lowest position of its readers, and a record counts for a reader
 only at or beyond that reader's position.
+
+Commands have their own consumer and are taken first: behind a deep backlog of source
+records they would otherwise wait long enough for the leases they ack to lapse.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from broker.engine.engine import Engine
@@ -25,12 +28,15 @@ log = logging.getLogger("kq.inputs")
 SERVICE = ""  # the reader name of the service itself
 UNSET = -1  # a position not read yet: start at the reader's recovery point
 TOPIC_REFRESH_S = 2.0
+IDLE_WAIT_S = 0.005  # when nothing is waiting: how long to wait on each consumer
 
 
 class Inputs:
-    def __init__(self, consumer: Consumer, admin: AdminClient, router: Router, engine: Engine,
-                 commands_topic: str, positions: dict[ReaderKey, int]) -> None:
+    def __init__(self, consumer: Consumer, commands: Consumer, admin: AdminClient,
+                 router: Router, engine: Engine, commands_topic: str,
+                 positions: dict[ReaderKey, int]) -> None:
         self._consumer, self._admin, self._router = consumer, admin, router
+        self._commands = commands
         self._engine = engine
         self.commands_topic = commands_topic
         self.positions = positions
@@ -42,8 +48,18 @@ class Inputs:
         if self.positions.get(key, UNSET) < 0:
             # Commands sent before a fresh start are stale: begin at the current end.
             self.positions[key] = clients.end_offset(self._consumer, self.commands_topic, 0)
-        self._assign([(self.commands_topic, 0)])
+        self._commands.assign([TopicPartition(self.commands_topic, 0, self.positions[key])])
         self.refresh(force=True)
+
+    def poll(self, max_records: int) -> list[Message]:
+        """The next records: commands first, then source records."""
+        commands = clients.take(self._commands, max_records, 0)
+        sources = clients.take(self._consumer, max_records, 0)
+        if not commands and not sources:
+            commands = clients.take(self._commands, max_records, IDLE_WAIT_S)
+            if not commands:
+                sources = clients.take(self._consumer, max_records, IDLE_WAIT_S)
+        return commands + sources
 
     def readers(self, topic: str) -> tuple[str, ...]:
         if topic == self.commands_topic:
@@ -72,7 +88,8 @@ class Inputs:
         except Exception as exc:  # a slow metadata answer must not stop serving
             log.warning("could not list topics: %s", exc)
             return
-        new = [(t, p) for t, n in topics.items() if self._router.wanted(t)
+        new = [(t, p) for t, n in topics.items()
+               if self._router.wanted(t) and t != self.commands_topic
                for p in range(n) if (t, p) not in self._assigned]
         if new:
             log.info("reading %s", ", ".join(f"{t}/{p}" for t, p in new))

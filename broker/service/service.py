@@ -38,7 +38,7 @@ from broker.values import Bookmark
 log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
-POLL_TIMEOUT_S = 0.02
+SLOW_BATCH_S = 0.5
 
 
 def now_ms() -> int:
@@ -95,15 +95,19 @@ class Service:
         store = self._store or RocksStore(self.config.service.data_dir)
         self._store = store
         self._producer = clients.producer(self.bootstrap, self.kafka_extra)
-        self._consumer = clients.consumer(self.bootstrap, self.kafka_extra)
+        # Sources prefetch little: what is fetched ahead is memory, and work queued in
+        # front of the commands that arrive meanwhile.
+        self._consumer = clients.consumer(self.bootstrap, self.kafka_extra, **{
+            "queued.min.messages": 2000, "queued.max.messages.kbytes": 16384})
+        self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
         try:
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
                           self._committer.write_marker, now_ms())
             self._committer.next_batch = rec.next_batch
-            self.inputs = Inputs(self._consumer, self._admin, self.router, self.engine,
-                                 self.topics.commands, rec.positions)
+            self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
+                                 self.engine, self.topics.commands, rec.positions)
             self._configure_queues()
             self.inputs.start()
             self.ready.set()
@@ -113,6 +117,7 @@ class Service:
                 self._step()
         finally:
             self._consumer.close()
+            self._commands.close()
             self._producer.flush(5)
             store.close()
             # Drop every client now: a broker being stopped waits for open connections.
@@ -139,7 +144,8 @@ class Service:
 
     def _step(self) -> None:
         self.inputs.refresh()
-        records = clients.take(self._consumer, BATCH_SIZE, POLL_TIMEOUT_S)
+        records = self.inputs.poll(BATCH_SIZE)
+        started = time.monotonic()
         now = now_ms()
         batch = _Batch()
         for rec in records:
@@ -159,7 +165,13 @@ class Service:
             else:
                 self._source_record(rec, bm, readers, now, batch)
         self._run(ev.Tick(), now, batch)
+        handled = time.monotonic()
         self._commit(batch, records_in=len(records))
+        took = time.monotonic() - started
+        if took > SLOW_BATCH_S:
+            log.info("slow batch: %d records, %d transitions, %d deliveries; %.0f ms "
+                     "(engine %.0f ms)", len(records), len(batch.cp.transitions),
+                     len(batch.outbox.deliveries), took * 1000, (handled - started) * 1000)
 
     def _source_record(self, rec: KafkaMessage, bm: Bookmark, readers: list[str], now: int,
                        batch: _Batch) -> None:
