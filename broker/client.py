@@ -28,7 +28,7 @@ from confluent_kafka import TopicPartition
 from broker import wire
 from broker.errors import CommandError, KqError
 from broker.kafka import clients
-from broker.values import Bookmark
+from broker.values import CLIENT_NAME, Bookmark
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 
@@ -104,6 +104,8 @@ class QueueClient:
                  kafka_config: dict[str, Any] | None = None, principal: str | None = None,
                  request_timeout: float = 10.0, heartbeat_interval: float = 1.0) -> None:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if not CLIENT_NAME.match(self.name):
+            raise ValueError(f"bad client name {self.name!r}: use 1-200 of A-Z a-z 0-9 . _ -")
         self.principal = principal or self.name
         self.request_timeout = request_timeout
         self.errors: list[str] = []  # refusals of commands sent without waiting
@@ -138,6 +140,9 @@ class QueueClient:
                   mode: str = "queue", replay_period: str | None = None) -> Subscription:
         if mode == "browse" or replay_period is not None:
             raise CommandError("not supported yet: mode='browse'")
+        if max_backlog is not None and (isinstance(max_backlog, bool)
+                                        or not isinstance(max_backlog, int)):
+            raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
         sub_id = uuid.uuid4().hex
         sub = Subscription(self, queue, sub_id, 0)
         self._subs[sub_id] = sub  # registered first: deliveries may beat the reply

@@ -21,9 +21,11 @@ from broker.values import Bookmark
 
 
 class Engine:
-    def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000) -> None:
+    def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
+                 max_message_bytes: int = 1_000_000) -> None:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.max_message_bytes = max_message_bytes
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
         # Clients whose subscriptions were restored after a restart and who have not been
@@ -108,8 +110,11 @@ class Engine:
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
         if q is None or e.bookmark in q.messages or ts < q.start_ms:
             return
-        self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
-                            timestamp_ms=ts))
+        msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark,
+                                  seq=q.stats.next_seq, timestamp_ms=ts))
+        if e.size > self.max_message_bytes and msg is not None:
+            # it could never be delivered: account for it at once instead of retrying forever
+            self._remove(q, msg, now, Reason.TOO_LARGE)
 
     def _subscribe(self, e: ev.Subscribed, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id)
@@ -137,7 +142,10 @@ class Engine:
 
     def _unsubscribe(self, e: ev.Unsubscribed, now: int) -> None:
         sub = self.subs.get(e.sub_id)
-        if sub is not None and sub.client == e.client:
+        if sub is not None and sub.client != e.client:
+            self._reject(e.client, e.request_id, f"subscription {e.sub_id} is not yours")
+            return
+        if sub is not None:
             self._end_subscription(sub, now, Reason.UNSUBSCRIBED)
         if e.request_id:
             self._out.append(Reply(e.client, e.request_id, {"sub_id": e.sub_id}))

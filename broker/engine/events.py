@@ -12,6 +12,7 @@ class MessageArrived:
     queue: str
     bookmark: Bookmark
     timestamp_ms: int
+    size: int = 0  # bytes of key, value and headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,7 @@ class Reason(StrEnum):
     EXPIRED = "expired"
     EXPIRE_REQUESTED = "expire-requested"
     RESET = "reset"  # the queue's recovery point changed: it starts again from the new one
+    TOO_LARGE = "too-large"  # bigger than the largest record kq may deliver
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from broker import wire
 from broker.engine import events as ev
-from broker.values import Bookmark
+from broker.values import CLIENT_NAME, Bookmark
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ def decode_command(value: bytes | None) -> list[ev.Event | Query | Invalid]:
     except ValueError as exc:
         return [Invalid(None, "", str(exc))]
     client, rid, kind = c["client"], c["request_id"], c["type"]
+    if not CLIENT_NAME.match(client):
+        return [Invalid(None, rid, f"bad client name {client!r} in a {kind} command")]
     try:
         return _events(c, client, rid, kind)
     except (ValueError, KeyError) as exc:

@@ -31,12 +31,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Transition
-from broker.errors import DeliveryFailedError
+from broker.errors import DeliveryFailedError, StateError
 from broker.state.layout import Checkpoint
 from broker.state.store import Store
 
@@ -44,7 +44,7 @@ log = logging.getLogger("kq.commit")
 
 STEPS = ("copies", "journal", "deliveries", "state")
 TRANSITIONS_PER_PART = 2000
-FLUSH_TIMEOUT_S = 30.0
+FLUSH_TIMEOUT_S = 15.0
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -85,6 +85,8 @@ class Committer:
         self._engine = engine
         self._journal_topic = journal_topic
         self.next_batch = next_batch
+        # The journal only grows; an offset at or below the last one means Kafka lost it.
+        self.last_offset = -1
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
         self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
@@ -122,14 +124,26 @@ class Committer:
             for i, chunk in enumerate(chunks)
         ]
         offsets = self._produce_all(records, fatal=True, what="journal")
+        self._check_grows(offsets[0])
+        self.last_offset = offsets[-1]
         return offsets[-1]
+
+    def _check_grows(self, offset: int) -> None:
+        if offset <= self.last_offset:
+            raise StateError(
+                f"the journal {self._journal_topic} went back from offset {self.last_offset} to "
+                f"{offset}: Kafka lost data (was the broker restarted empty?). Stopping before "
+                "the local state diverges; restart against the original cluster, or delete "
+                "data_dir to start afresh.")
 
     def write_marker(self, nonce: str) -> int:
         """A journal record recovery reads up to, proving it has seen the whole tail."""
         record = OutRecord(self._journal_topic, wire.encode("journal", {
             "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
             "marker": nonce, "inputs": [], "transitions": []}), partition=0)
-        return self._produce_all([record], fatal=True, what="journal marker")[0]
+        offset = self._produce_all([record], fatal=True, what="journal marker")[0]
+        self.last_offset = max(self.last_offset, offset)
+        return offset
 
     def _produce_all(self, records: list[OutRecord], fatal: bool, what: str) -> list[int]:
         if not records:
@@ -154,6 +168,9 @@ class Committer:
                     break
                 except BufferError:  # local queue full: let it drain
                     self._producer.poll(0.05)
+                except KafkaException as exc:  # refused locally (too large, bad topic name)
+                    errors.append(f"{r.topic}: {exc.args[0].str()}")
+                    break
         left = self._producer.flush(FLUSH_TIMEOUT_S)
         if left:
             errors.append(f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")

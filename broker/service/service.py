@@ -21,6 +21,7 @@ from broker.config import Config
 from broker.engine import events as ev
 from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Journal, Reply
 from broker.engine.engine import Engine
+from broker.engine.transitions import Reason
 from broker.errors import CommandError, StateError
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
@@ -39,6 +40,8 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
+DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
+ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
 
 def now_ms() -> int:
@@ -77,7 +80,9 @@ class Service:
         self.kafka_extra: dict[str, Any] = dict(svc.kafka)
         self.topics = Topics(svc.topic_prefix)
         self.router = Router(config.queue, svc.topic_prefix)
-        self.engine = Engine(config.queue, svc.heartbeat_timeout.ms)
+        limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        self.engine = Engine(config.queue, svc.heartbeat_timeout.ms,
+                             max_message_bytes=limit - ENVELOPE_ALLOWANCE)
         self._store = store
         self.metrics = Metrics(self.engine)
         self._stop = threading.Event()
@@ -184,9 +189,10 @@ class Service:
         if not queues:
             return
         ts = rec.timestamp()[1]
-        batch.cp.payloads[bm] = Payload(rec.key(), rec.value(), headers, ts)
+        payload = Payload(rec.key(), rec.value(), headers, ts)
+        batch.cp.payloads[bm] = payload
         for name in queues:
-            self._run(ev.MessageArrived(name, bm, ts), now, batch)
+            self._run(ev.MessageArrived(name, bm, ts, payload.size), now, batch)
 
     def _command(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
         for item in decode_command(rec.value()):
@@ -243,13 +249,17 @@ class Service:
         p = self._payload(d.bookmark, batch)
         if p is None:
             raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
+        value = p.value
+        if d.reason == Reason.TOO_LARGE.value:  # the copy could not be written either
+            value = None
         headers = list(p.headers) + [
+            ("kq-original-size", str(p.size).encode()),
             ("kq-reason", d.reason.encode()), ("kq-queue", d.queue.encode()),
             ("kq-bookmark", str(d.bookmark).encode()),
             ("kq-delivery-count", str(d.delivery_count).encode()),
             ("kq-cancel-count", str(d.cancel_count).encode()),
         ]
-        batch.outbox.copies.append(OutRecord(d.topic, p.value, p.key, headers))
+        batch.outbox.copies.append(OutRecord(d.topic, value, p.key, headers))
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:

@@ -63,6 +63,11 @@ class Payload:
     headers: list[tuple[str, bytes | None]]
     timestamp_ms: int
 
+    @property
+    def size(self) -> int:
+        return (len(self.key or b"") + len(self.value or b"")
+                + sum(len(k) + len(v or b"") for k, v in self.headers))
+
     def encode(self) -> bytes:
         return wire.encode("stored_payload", {
             "key": self.key, "value": self.value, "timestamp_ms": self.timestamp_ms,

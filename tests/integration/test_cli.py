@@ -71,7 +71,8 @@ def test_publish_refuses_a_payload_that_is_not_json(served):
 
 def test_unreachable_kafka_exits_3_naming_the_address_within_15s(tmp_path):
     cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state")
-    commands = [["queues"], ["inspect", "Q"], ["subscribers"], ["publish", "T", "{}"],
+    commands = [["queues"], ["inspect", "Q"], ["subscribers"], ["recovery-points"],
+                ["publish", "T", "{}"],
                 ["consume", "Q"], ["serve"]]
     started = time.monotonic()
     procs = [subprocess.Popen([*KQ, *c, "--config", str(cfg), "-b", "127.0.0.1:1"], cwd=ROOT,

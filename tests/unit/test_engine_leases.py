@@ -226,3 +226,17 @@ def test_dead_letter_effect_names_topic_and_counts():
     dl = next(e for e in out if isinstance(e, DeadLetter))
     assert (dl.topic, dl.reason, dl.delivery_count, dl.cancel_count) == \
         ("DLQ", "max-deliveries", 1, 1)
+
+
+def test_a_message_too_large_to_deliver_is_removed_on_arrival():
+    from broker.engine.engine import Engine
+
+    h = Harness(queue(dead_letter_topic="DLQ"))
+    h.engine = Engine((queue(dead_letter_topic="DLQ"),), 10_000, max_message_bytes=1000)
+    from broker.values import Bookmark
+
+    big = Bookmark("T", 0, 0)
+    out = h.handle(ev.MessageArrived("Q", big, h.now, size=1001))
+    assert dead_letters(out) == [(big, "too-large")]
+    assert h.engine.queue("Q").stats.removed["too-large"] == 1
+    assert delivered(h.subscribe("w1")) == []
