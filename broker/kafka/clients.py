@@ -70,10 +70,12 @@ def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, in
             if not name.startswith("__") and t.error is None}
 
 
-def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1) -> None:
+def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1,
+                  config: dict[str, str] | None = None) -> None:
     """Create the topics that do not exist yet; existing ones are left alone."""
     existing = set(topic_partitions(client))
-    wanted = [NewTopic(n, partitions, 1) for n in names if n not in existing]
+    wanted = [NewTopic(n, partitions, 1, config=config or {}) for n in names
+              if n not in existing]
     if not wanted:
         return
     for future in client.create_topics(wanted, operation_timeout=10).values():

@@ -40,6 +40,7 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
@@ -96,7 +97,9 @@ class Service:
         """Connect, recover, then serve until `stop()`."""
         clients.check_reachable(self.bootstrap, self.kafka_extra)
         self._admin = clients.admin(self.bootstrap, self.kafka_extra)
-        clients.ensure_topics(self._admin, [self.topics.commands, self.topics.journal])
+        clients.ensure_topics(self._admin, [self.topics.commands])
+        # The journal is the state: a new queue state is rebuilt from all of it.
+        clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
         store = self._store or RocksStore(self.config.service.data_dir)
         self._store = store
         self._producer = clients.producer(self.bootstrap, self.kafka_extra)

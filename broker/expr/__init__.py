@@ -1,0 +1,55 @@
+"""kq expressions (SPEC section 11): parsed with lark, compiled once to a Python closure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from lark import Lark
+from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from broker.errors import ExpressionError
+from broker.expr.compiler import Compiler, Doc, Fn
+from broker.expr.grammar import GRAMMAR
+
+__all__ = ["Doc", "Expression", "compile_expression"]
+
+_PARSER = Lark(GRAMMAR, parser="lalr", maybe_placeholders=True)
+
+
+@dataclass(frozen=True)
+class Expression:
+    text: str
+    _fn: Fn = field(repr=False, compare=False)
+
+    def evaluate(self, doc: Doc) -> Any:
+        """The value: a JSON value, or None for NULL."""
+        return self._fn(doc)
+
+    def matches(self, doc: Doc) -> bool:
+        """As a filter: true only when the expression is TRUE (NULL does not match)."""
+        return self._fn(doc) is True
+
+    def number(self, doc: Doc) -> float | None:
+        """As a priority: the numeric value, or None (lowest) when it is not a number."""
+        v = self._fn(doc)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+@lru_cache(maxsize=1024)
+def compile_expression(text: str) -> Expression:
+    """Parse and compile; raise ExpressionError showing where the text goes wrong."""
+    try:
+        tree = _PARSER.parse(text)
+        fn = Compiler().transform(tree)
+    except UnexpectedInput as exc:
+        at_end = isinstance(exc, UnexpectedEOF) or (
+            isinstance(exc, UnexpectedToken) and exc.token.type == "$END")
+        column = len(text) + 1 if at_end else (getattr(exc, "column", 0) or len(text) + 1)
+        pointer = " " * (column - 1) + "^"
+        raise ExpressionError(
+            f"bad expression at column {column}: {text!r}\n  {text}\n  {pointer}") from None
+    except VisitError as exc:
+        raise ExpressionError(f"bad expression {text!r}: {exc.orig_exc}") from None
+    return Expression(text, fn)
