@@ -161,8 +161,11 @@ class QueueClient:
         """Acknowledge many messages at once; raise CommandError naming any refused."""
         self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
 
-    def ack_where(self, queue: str, expression: str) -> None:
-        raise CommandError("not supported yet: ack_where")
+    def ack_where(self, queue: str, expression: str) -> int:
+        """Ack every active message of `queue` that `expression` matches (available ones,
+        and leased ones this client holds, or any with `leasing = "permissive"`); return
+        how many."""
+        return int(self._request("ack_where", queue=queue, filter=expression)["acked"])
 
     def flush(self) -> None:
         """Send every batched ack now, and wait until Kafka has them."""

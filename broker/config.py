@@ -22,7 +22,8 @@ from pydantic import (
     model_validator,
 )
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, ExpressionError
+from broker.expr import compile_expression
 from broker.values import Duration
 
 
@@ -44,7 +45,6 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
 # Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
 NOT_SUPPORTED_YET = (
-    "priority",
     "priority_levels",
     "barrier_expression",
     "target_queue_depth",
@@ -107,6 +107,16 @@ class QueueConfig(_Strict):
     redelivery_backoff: Literal["fixed", "exponential"] | None = None
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
+
+    @field_validator("priority")
+    @classmethod
+    def _expression_compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                compile_expression(value)
+            except ExpressionError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("underlying_topic")
     @classmethod

@@ -55,10 +55,13 @@ def inspect(
     state: Annotated[str | None, typer.Option(help="Only messages in this state: available, "
                                                "leased or sent.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many messages.")] = 100,
+    filter: Annotated[str | None, typer.Option(
+        "--filter", help="Only messages this expression matches, e.g. \"/sym = 'IBM'\".")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """The queue's active messages: state, lease holder, deadline, delivery count."""
-    data = ask(config, bootstrap_servers, what="inspect", queue=queue, state=state, limit=limit)
+    data = ask(config, bootstrap_servers, what="inspect", queue=queue, state=state, limit=limit,
+               filter=filter)
     if json:
         print_json(data)
         return

@@ -22,6 +22,7 @@ app.command()(inspect.subscribers)
 app.command("recovery-points")(inspect.recovery_points)
 app.command()(manual.publish)
 app.command()(manual.consume)
+app.command()(manual.ack)
 
 if __name__ == "__main__":
     app()

@@ -99,3 +99,22 @@ def consume(
         sub.close()
     if not json:
         console.print(f"{seen} message(s)")
+
+
+def ack(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    where: Annotated[str, typer.Option("--where", help="Expression: ack every active message "
+                                       "it matches, e.g. \"/status = 'void'\".")],
+    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
+) -> None:
+    """Acknowledge by filter: every active message of the queue the expression matches
+    (leased ones too where `leasing = "permissive"`)."""
+    cfg = load(config)
+    with errors_to_exit_codes(), QueueClient(
+            bootstrap_of(bootstrap_servers, cfg), name="kq-cli",
+            topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
+        count = c.ack_where(queue, where)
+    if json:
+        print(jsonlib.dumps({"queue": queue, "acked": count}))
+    else:
+        console.print(f"acked {count} message(s) of {queue}")

@@ -17,6 +17,8 @@ from broker.engine.fairness import PICKERS
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
+from broker.errors import ExpressionError
+from broker.expr import compile_expression
 from broker.values import Bookmark
 
 
@@ -62,6 +64,8 @@ class Engine:
                 self._cancel(event, now)
             case ev.ExpireRequested():
                 self._expire(event, now)
+            case ev.AckWhere():
+                self._ack_where(event, now)
             case ev.Configured():
                 self._configure(event, now)
             case ev.Tick():
@@ -110,8 +114,13 @@ class Engine:
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
         if q is None or e.bookmark in q.messages or ts < q.start_ms:
             return
+        priority = None
+        if q.priority is not None and e.doc is not None:
+            priority = q.priority.number(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark,
-                                  seq=q.stats.next_seq, timestamp_ms=ts))
+                                  seq=q.stats.next_seq, timestamp_ms=ts, priority=priority))
+        if msg is not None:
+            msg.doc = e.doc
         if e.size > self.max_message_bytes and msg is not None:
             # it could never be delivered: account for it at once instead of retrying forever
             self._remove(q, msg, now, Reason.TOO_LARGE)
@@ -123,6 +132,12 @@ class Engine:
         if e.max_backlog < 0:
             self._reject(e.client, e.request_id, f"max_backlog must be >= 0, got {e.max_backlog}")
             return
+        if e.filter:
+            try:
+                compile_expression(e.filter)
+            except ExpressionError as exc:
+                self._reject(e.client, e.request_id, f"bad filter: {exc}")
+                return
         existing = self.subs.get(e.sub_id)
         if existing is not None and (existing.client != e.client or existing.queue != e.queue):
             self._reject(e.client, e.request_id, f"subscription id {e.sub_id!r} is taken")
@@ -131,7 +146,7 @@ class Engine:
             self._do(
                 Transition(
                     Kind.SUBSCRIBED, q.name, now, sub_id=e.sub_id, client=e.client,
-                    max_backlog=e.max_backlog,
+                    max_backlog=e.max_backlog, filter=e.filter or None,
                 )
             )
         cap = self.subs[e.sub_id].cap
@@ -227,6 +242,29 @@ class Engine:
         elif e.request_id:
             self._out.append(Reply(e.client, e.request_id, {"acked": len(e.bookmarks)}))
 
+    def _ack_where(self, e: ev.AckWhere, now: int) -> None:
+        """Ack every active message the expression matches that `client` may ack."""
+        q = self._queue(e.queue, e.client, e.request_id)
+        if q is None:
+            return
+        try:
+            expr = compile_expression(e.expression)
+        except ExpressionError as exc:
+            self._reject(e.client, e.request_id, str(exc))
+            return
+        # strict: available messages and the client's own leases; permissive: any
+        permissive = q.config.leasing == "permissive"
+        own = {s.sub_id for s in q.subs.values() if s.client == e.client}
+        chosen = [
+            m for m in sorted(q.messages.values(), key=lambda m: m.seq)
+            if m.state is not MessageState.SENT and m.doc is not None and expr.matches(m.doc)
+            and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
+        ]
+        for m in chosen:
+            self._do(Transition(Kind.ACKED, q.name, now, m.bookmark, client=e.client))
+        if e.request_id:
+            self._out.append(Reply(e.client, e.request_id, {"acked": len(chosen)}))
+
     def _cancel(self, e: ev.Cancelled, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id)
         if q is None:
@@ -299,25 +337,43 @@ class Engine:
             return
         pick = PICKERS[q.config.effective_fairness]
         subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
-        at_most_once = q.config.at_most_once
-        lease_ms = q.config.lease_period.ms
+        if any(s.filter is not None for s in subs):
+            self._dispatch_filtered(q, subs, now)
+            return
         while q.available:
             sub = pick(subs, q.rr_last)
             if sub is None:
                 return
             _, msg = q.available.peekitem(0)
-            expires = q.expires_at(msg)
-            if expires is not None and expires <= now:
-                self._remove(q, msg, now, Reason.EXPIRED)
-                continue
-            q.rr_last = sub.sub_id
-            dc = msg.delivery_count + 1
-            deadline = now + lease_ms
-            kind = Kind.SENT if at_most_once else Kind.LEASED
-            self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
-                                client=sub.client, delivery_count=dc, deadline_ms=deadline))
-            self._out.append(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark, dc,
-                                     None if at_most_once else deadline))
+            self._lease(q, sub, msg, now)
+
+    def _dispatch_filtered(self, q: QueueState, subs: list[Subscription], now: int) -> None:
+        """In queue order, each message to a subscription with room whose filter it matches;
+        a message nobody wants waits (this walks the available messages: O(available))."""
+        pick = PICKERS[q.config.effective_fairness]
+        for msg in list(q.available.values()):
+            if not any(s.room > 0 for s in subs):
+                return
+            takers = [s for s in subs if s.room > 0 and s.wants(msg)]
+            sub = pick(takers, q.rr_last) if takers else None
+            if sub is not None:
+                self._lease(q, sub, msg, now)
+
+    def _lease(self, q: QueueState, sub: Subscription, msg: Message, now: int) -> None:
+        """Lease (or, at-most-once, send) `msg` to `sub`, unless it expired meanwhile."""
+        expires = q.expires_at(msg)
+        if expires is not None and expires <= now:
+            self._remove(q, msg, now, Reason.EXPIRED)
+            return
+        at_most_once = q.config.at_most_once
+        q.rr_last = sub.sub_id
+        dc = msg.delivery_count + 1
+        deadline = now + q.config.lease_period.ms
+        kind = Kind.SENT if at_most_once else Kind.LEASED
+        self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
+                            client=sub.client, delivery_count=dc, deadline_ms=deadline))
+        self._out.append(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark, dc,
+                                 None if at_most_once else deadline))
 
     # -- recovery --------------------------------------------------------------------------
     def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker.expr import Doc
 from broker.values import Bookmark
 
 
@@ -13,6 +14,7 @@ class MessageArrived:
     bookmark: Bookmark
     timestamp_ms: int
     size: int = 0  # bytes of key, value and headers
+    doc: Doc | None = None  # what expressions see of it (None: nothing, all NULL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,7 @@ class Subscribed:
     queue: str
     max_backlog: int = 1
     request_id: str = ""
+    filter: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,16 @@ class ExpireRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class AckWhere:
+    """Acknowledge every active message of the queue the expression matches."""
+
+    client: str
+    queue: str
+    expression: str
+    request_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Configured:
     """At start-up: the queue's configured recovery point, resolved to a start time."""
 
@@ -90,6 +103,7 @@ Event = (
     | Acked
     | Cancelled
     | ExpireRequested
+    | AckWhere
     | Configured
     | Tick
 )

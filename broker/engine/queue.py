@@ -7,8 +7,10 @@ recovery, by journaled transitions.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from sortedcontainers import SortedDict
 
@@ -16,6 +18,7 @@ from broker.config import QueueConfig
 from broker.engine.states import MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Transition
 from broker.errors import StateError
+from broker.expr import Doc, Expression, compile_expression
 from broker.values import Bookmark
 
 
@@ -31,6 +34,8 @@ class Message:
         "cancel_count",
         "holder",
         "deadline_ms",
+        "priority",
+        "doc",
     )
 
     def __init__(
@@ -52,6 +57,15 @@ class Message:
         self.cancel_count = cancel_count
         self.holder = holder  # sub_id of the lease holder (LEASED, SENT)
         self.deadline_ms = deadline_ms
+        self.priority: float | None = None  # NULL and non-numbers are the lowest
+        self.doc: Doc | None = None  # what filters see; None when nothing is known
+
+    @property
+    def order(self) -> Any:
+        """Where it stands among the available: highest priority first, then oldest."""
+        if self.priority is None:
+            return (math.inf, self.seq)
+        return (-self.priority, self.seq)
 
     def __repr__(self) -> str:
         return f"Message({self.bookmark}, {self.state.value}, dc={self.delivery_count})"
@@ -65,6 +79,12 @@ class Subscription:
     max_backlog: int  # as asked by the subscriber
     cap: int  # min(max_backlog, max_per_subscription_backlog)
     held: set[Bookmark] = field(default_factory=set)
+    filter: Expression | None = None
+
+    def wants(self, msg: Message) -> bool:
+        if self.filter is None:
+            return True
+        return msg.doc is not None and self.filter.matches(msg.doc)
 
     @property
     def room(self) -> int:
@@ -87,7 +107,7 @@ class QueueState:
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
         self.messages: dict[Bookmark, Message] = {}
-        self.available: SortedDict = SortedDict()  # seq -> Message, oldest first
+        self.available: SortedDict = SortedDict()  # Message.order -> Message
         self.subs: dict[str, Subscription] = {}  # in subscription order
         self.stats = QueueStats()
         self.rr_last: str | None = None  # round-robin cursor: sub_id served last
@@ -95,6 +115,7 @@ class QueueState:
         # than start_ms are not enqueued; 0 for earliest). None until first configured.
         self.recovery_point: str | None = None
         self.start_ms = 0
+        self.priority = compile_expression(config.priority) if config.priority else None
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
@@ -152,6 +173,7 @@ class QueueState:
                 raise StateError(f"{t.bookmark} is already queued in {self.name}")
             next_state(None, ACTION_OF[t.kind])
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
+            msg.priority = t.priority
             self.messages[t.bookmark] = msg
             self._make_available(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
@@ -189,7 +211,8 @@ class QueueState:
     def _subscribe(self, t: Transition) -> None:
         assert t.sub_id is not None and t.client is not None
         cap = min(t.max_backlog, self.config.max_per_subscription_backlog)
-        sub = Subscription(t.sub_id, t.client, self.name, t.max_backlog, cap)
+        sub = Subscription(t.sub_id, t.client, self.name, t.max_backlog, cap,
+                           filter=compile_expression(t.filter) if t.filter else None)
         sub.held = {
             m.bookmark
             for m in self.messages.values()
@@ -199,7 +222,7 @@ class QueueState:
 
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
-        self.available[msg.seq] = msg
+        self.available[msg.order] = msg
         expires = self.expires_at(msg)
         if expires is not None:
             heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
@@ -207,7 +230,7 @@ class QueueState:
     def _leave(self, msg: Message) -> None:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
-            self.available.pop(msg.seq, None)
+            self.available.pop(msg.order, None)
         elif msg.holder is not None:
             sub = self.subs.get(msg.holder)
             if sub is not None:

@@ -69,3 +69,5 @@ class Transition:
     seq: int = 0  # ENQUEUED: arrival order within the queue
     timestamp_ms: int = 0  # ENQUEUED: the record's timestamp
     max_backlog: int = 0  # SUBSCRIBED: what the subscriber asked for
+    filter: str | None = None  # SUBSCRIBED: the subscription's filter
+    priority: float | None = None  # ENQUEUED: the value of the queue's priority expression

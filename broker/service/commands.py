@@ -47,12 +47,11 @@ def _events(c: dict[str, Any], client: str, rid: str,
     bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
     match kind:
         case "subscribe":
-            if c["filter"]:
-                return [Invalid(client, rid, "not supported yet: subscription filters")]
             if c["mode"] not in (None, "", "queue"):
                 return [Invalid(client, rid, f"not supported yet: mode={c['mode']!r}")]
             backlog = 1 if c["max_backlog"] is None else int(c["max_backlog"])
-            return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid)]
+            return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid,
+                                  c["filter"] or None)]
         case "unsubscribe":
             return [ev.Unsubscribed(client, c["sub_id"] or "", rid)]
         case "close":
@@ -61,6 +60,8 @@ def _events(c: dict[str, Any], client: str, rid: str,
             return [ev.Heartbeat(client)]
         case "ack":
             return [ev.Acked(client, queue, bookmarks, rid)]
+        case "ack_where":
+            return [ev.AckWhere(client, queue, c["filter"] or "", rid)]
         case "cancel":
             return [ev.Cancelled(client, queue, b, rid) for b in bookmarks]
         case "expire":

@@ -73,7 +73,8 @@ def transition_record(t: Transition) -> dict[str, Any]:
         "bookmark": str(t.bookmark) if t.bookmark else None, "sub_id": t.sub_id,
         "client": t.client, "delivery_count": t.delivery_count, "cancel_count": t.cancel_count,
         "deadline_ms": t.deadline_ms, "reason": t.reason, "seq": t.seq,
-        "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog,
+        "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog, "filter": t.filter,
+        "priority": t.priority,
     }
 
 

@@ -21,6 +21,8 @@ class Metrics:
                                   "commands)", registry=self.registry)
         self.bad_commands = Counter("kq_bad_commands", "Commands that could not be decoded",
                                     registry=self.registry)
+        self.unparseable = Counter("kq_unparseable_payloads", "Payloads that did not parse "
+                                   "(expressions see NULL)", ["queue"], registry=self.registry)
         self.depth = Gauge("kq_queue_depth", "Messages in the queue (available + leased)",
                            ["queue"], registry=self.registry)
         self.available = Gauge("kq_queue_available", "Available messages", ["queue"],

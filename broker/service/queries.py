@@ -8,7 +8,8 @@ from typing import Any
 from broker.engine.engine import Engine
 from broker.engine.queue import QueueState
 from broker.engine.states import MessageState
-from broker.errors import CommandError
+from broker.errors import CommandError, ExpressionError
+from broker.expr import compile_expression
 
 
 def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
@@ -68,16 +69,22 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
     if state and state not in (s.value for s in MessageState):
         raise CommandError(f"unknown state {state!r}")
     limit = int(args.get("limit") or 100)
+    try:
+        where = compile_expression(args["filter"]) if args.get("filter") else None
+    except ExpressionError as exc:
+        raise CommandError(str(exc)) from None
     rows = []
     for m in sorted(q.messages.values(), key=lambda m: m.seq):
         if state and m.state.value != state:
+            continue
+        if where is not None and not (m.doc is not None and where.matches(m.doc)):
             continue
         holder = engine.subs.get(m.holder) if m.holder else None
         rows.append({
             "bookmark": str(m.bookmark), "state": m.state.value, "seq": m.seq,
             "age_ms": max(0, now - m.timestamp_ms), "delivery_count": m.delivery_count,
             "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
-            "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms,
+            "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms, "priority": m.priority,
         })
         if len(rows) >= limit:
             break

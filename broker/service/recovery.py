@@ -17,6 +17,7 @@ from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
 from broker.state.layout import (
     Checkpoint,
+    MakeDoc,
     Payload,
     ReaderKey,
     load_engine,
@@ -46,13 +47,14 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
         sub_id=r["sub_id"], client=r["client"], delivery_count=r["delivery_count"],
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
+        filter=r["filter"], priority=r["priority"],
     )
 
 
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
-            write_marker, now: int) -> Recovered:  # noqa: ANN001
+            write_marker, now: int, make_doc: MakeDoc | None = None) -> Recovered:  # noqa: ANN001
     """Bring `engine` and `store` to the last committed batch of the journal."""
-    load_engine(store, engine, now)
+    load_engine(store, engine, now, make_doc)
     positions = load_positions(store)
     meta = load_meta(store)
     marker_offset = write_marker(uuid.uuid4().hex)
@@ -113,6 +115,11 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)
+        if make_doc is not None:
+            for t in cp.transitions:
+                msg = engine.queues[t.queue].messages.get(t.bookmark) if t.bookmark else None
+                if t.kind is Kind.ENQUEUED and msg is not None and t.bookmark in cp.payloads:
+                    msg.doc = make_doc(t.queue, cp.payloads[t.bookmark])
         cp.write(store, engine)
         positions.update(cp.positions)
         log.info("replayed %d journal batches (%d transitions) into the local state",

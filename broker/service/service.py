@@ -23,6 +23,7 @@ from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Journal,
 from broker.engine.engine import Engine
 from broker.engine.transitions import Reason
 from broker.errors import CommandError, StateError
+from broker.expr import Doc
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
@@ -112,7 +113,7 @@ class Service:
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms())
+                          self._committer.write_marker, now_ms(), self._doc)
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, self.topics.commands, rec.positions)
@@ -195,7 +196,19 @@ class Service:
         payload = Payload(rec.key(), rec.value(), headers, ts)
         batch.cp.payloads[bm] = payload
         for name in queues:
-            self._run(ev.MessageArrived(name, bm, ts, payload.size), now, batch)
+            doc = self._doc(name, payload, now)
+            self._run(ev.MessageArrived(name, bm, ts, payload.size, doc), now, batch)
+
+    def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc:
+        """What expressions see of a message: its payload decoded by the queue's format
+        (an unparseable one is NULL everywhere, and counted) and its headers."""
+        data = None
+        if self.engine.queues[queue].config.format == "json" and payload.value is not None:
+            try:
+                data = json.loads(payload.value)
+            except ValueError:
+                self.metrics.unparseable.labels(queue).inc()
+        return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
     def _command(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
         for item in decode_command(rec.value()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from broker.engine.engine import Engine
 from broker.engine.queue import Message, QueueState, QueueStats
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Transition
+from broker.expr import Doc
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -85,14 +86,16 @@ def encode_message(m: Message) -> bytes:
     return wire.encode("stored_message", {
         "seq": m.seq, "timestamp_ms": m.timestamp_ms, "state": m.state.value,
         "delivery_count": m.delivery_count, "cancel_count": m.cancel_count,
-        "holder": m.holder, "deadline_ms": m.deadline_ms,
+        "holder": m.holder, "deadline_ms": m.deadline_ms, "priority": m.priority,
     })
 
 
 def decode_message(bm: Bookmark, data: bytes) -> Message:
     r = wire.decode("stored_message", data)
-    return Message(bm, r["seq"], r["timestamp_ms"], MessageState(r["state"]),
-                   r["delivery_count"], r["cancel_count"], r["holder"], r["deadline_ms"])
+    msg = Message(bm, r["seq"], r["timestamp_ms"], MessageState(r["state"]),
+                  r["delivery_count"], r["cancel_count"], r["holder"], r["deadline_ms"])
+    msg.priority = r["priority"]
+    return msg
 
 
 def encode_queue(q: QueueState) -> bytes:
@@ -147,7 +150,8 @@ class Checkpoint:
                 else:
                     puts[sub_key(t.sub_id)] = json.dumps({
                         "sub_id": sub.sub_id, "client": sub.client, "queue": sub.queue,
-                        "max_backlog": sub.max_backlog}).encode()
+                        "max_backlog": sub.max_backlog,
+                        "filter": sub.filter.text if sub.filter else None}).encode()
         for bm in touched_payloads:
             if any(bm in q.messages for q in engine.queues.values()):
                 if bm in self.payloads:
@@ -177,23 +181,29 @@ def load_meta(store: Store) -> dict[str, Any]:
     return json.loads(raw) if raw else {"offset": -1, "batch": 0}
 
 
-def load_engine(store: Store, engine: Engine, now: int) -> None:
-    """Fill a fresh engine with everything the store holds."""
+MakeDoc = Callable[[str, Payload], Doc | None]
+
+
+def load_engine(store: Store, engine: Engine, now: int, make_doc: MakeDoc | None = None) -> None:
+    """Fill a fresh engine with everything the store holds (with `make_doc`, what
+    expressions see of each message too)."""
     subs_by_queue: dict[str, list[Transition]] = {}
     for _, value in store.scan(b"s" + SEP):
         s = json.loads(value)
         subs_by_queue.setdefault(s["queue"], []).append(Transition(
             Kind.SUBSCRIBED, s["queue"], now, sub_id=s["sub_id"], client=s["client"],
-            max_backlog=s["max_backlog"]))
+            max_backlog=s["max_backlog"], filter=s.get("filter")))
     for name, q in engine.queues.items():
         raw = store.get(queue_key(name))
         if raw:
             decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
-        messages: Iterable[Message] = (
-            decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
-            for k, v in store.scan(prefix)
-        )
+        messages = [decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
+                    for k, v in store.scan(prefix)]
+        if make_doc is not None:
+            for m in messages:
+                payload = load_payload(store, m.bookmark)
+                m.doc = make_doc(name, payload) if payload is not None else None
         engine.restore(name, messages, subs_by_queue.get(name, []), now)
 
 

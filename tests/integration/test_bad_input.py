@@ -164,7 +164,7 @@ REFUSALS = {
     "subscribe boolean backlog": (lambda c, svc, sub: c.subscribe(svc.queue, max_backlog=True),
                                   "must be an integer"),
     "subscribe with a bad filter": (lambda c, svc, sub: c.subscribe(svc.queue, filter="/a = ("),
-                                    "filter"),
+                                    "bad filter.*column 7"),
     "subscribe browse": (lambda c, svc, sub: c.subscribe(svc.queue, mode="browse"),
                          "not supported yet"),
     "subscribe unknown mode": (lambda c, svc, sub: c._request(
@@ -191,7 +191,8 @@ REFUSALS = {
                                                           state="sleeping"), "unknown state"),
     "query that is not JSON": (lambda c, svc, sub: c._request("query", query="{what:"),
                                "bad query command"),
-    "ack_where": (lambda c, svc, sub: c.ack_where(svc.queue, "/a = 1"), "not supported yet"),
+    "ack_where with a bad expression": (lambda c, svc, sub: c.ack_where(svc.queue, "/a = = 1"),
+                                        "column 6"),
 }
 
 

@@ -1,0 +1,117 @@
+"""Content filters, priority and ack by filter (SPEC section 6), without Kafka."""
+
+from broker.engine import events as ev
+from broker.engine.states import MessageState
+from broker.expr import Doc
+from broker.values import Bookmark, Duration
+from tests.unit.harness import Harness, delivered, queue, rejected, replies
+
+
+def send(h: Harness, data, queue_name: str = "Q", headers=None) -> Bookmark:
+    bm = Bookmark("T", 0, h.offset)
+    h.offset += 1
+    h.handle(ev.MessageArrived(queue_name, bm, h.now, 10, Doc(data, headers or {}, h.now)))
+    return bm
+
+
+def subscribe(h: Harness, client: str, filter: str | None = None, backlog: int = 10):
+    return h.handle(ev.Subscribed(client, f"{client}-Q", "Q", backlog, "r", filter))
+
+
+def test_a_filtered_subscription_gets_only_matching_messages_oldest_first():
+    h = Harness()
+    a = send(h, {"sym": "MSFT"})
+    b = send(h, {"sym": "IBM", "n": 1})
+    c = send(h, {"sym": "IBM", "n": 2})
+    out = subscribe(h, "w1", "/sym = 'IBM'")
+    assert [bm for _, bm, _ in delivered(out)] == [b, c]
+    assert h.engine.queue("Q").messages[a].state is MessageState.AVAILABLE  # waits
+
+
+def test_a_message_no_filter_matches_waits_and_goes_to_a_later_match():
+    h = Harness()
+    subscribe(h, "w1", "/sym = 'IBM'")
+    a = send(h, {"sym": "MSFT"})
+    assert delivered(h.effects) == []
+    out = subscribe(h, "w2", "/sym = 'MSFT'")
+    assert delivered(out) == [("w2", a, 1)]
+
+
+def test_filters_and_unfiltered_subscriptions_share_fairly():
+    h = Harness(queue(fairness="round-robin"))
+    subscribe(h, "w1", "/n > 1")
+    subscribe(h, "w2")
+    bms = [send(h, {"n": n}) for n in (1, 2, 3, 4)]
+    got = {bm: c for c, bm, _ in delivered(h.effects)}
+    assert got[bms[0]] == "w2"  # only w2 wants n = 1
+    assert set(got) == set(bms)
+
+
+def test_a_bad_filter_is_refused_with_its_position():
+    h = Harness()
+    out = subscribe(h, "w1", "/sym = ")
+    assert "bad filter" in rejected(out)[0] and "column 8" in rejected(out)[0]
+    assert h.engine.subs == {}
+
+
+def test_an_unparseable_payload_matches_no_filter():
+    h = Harness()
+    subscribe(h, "w1", "/sym IS NULL")  # even IS NULL: nothing is known of it
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 0), h.now, 10, None))
+    assert delivered(h.effects) == []
+
+
+def test_priority_highest_first_then_oldest_null_lowest():
+    h = Harness(queue(priority="/p"))
+    low = send(h, {"p": 1})
+    none = send(h, {"x": 1})
+    text = send(h, {"p": "high"})
+    high = send(h, {"p": 9})
+    high2 = send(h, {"p": 9})
+    mid = send(h, {"p": 5})
+    subscribe(h, "w1", backlog=10)
+    order = [bm for _, bm, _ in delivered(h.effects)]
+    assert order[:4] == [high, high2, mid, low]
+    assert set(order[4:]) == {none, text}  # NULL and non-numeric last, oldest first
+    assert order[4:] == [none, text]
+
+
+def test_a_redelivered_message_keeps_its_priority():
+    h = Harness(queue(priority="/p", lease_period=Duration(1000)), heartbeat_ms=10**9)
+    subscribe(h, "w1", backlog=1)
+    high = send(h, {"p": 9})
+    send(h, {"p": 1})
+    send(h, {"p": 5})
+    assert delivered(h.effects) == [("w1", high, 1)]
+    h.handle(ev.Cancelled("w1", "Q", high, "c"))  # back: still ahead of 5 and 1
+    assert delivered(h.effects)[-1] == ("w1", high, 2)
+
+
+def test_ack_where_acks_matching_active_messages_strictly():
+    h = Harness()
+    void1 = send(h, {"status": "void"})
+    keep = send(h, {"status": "ok"})
+    void2 = send(h, {"status": "void"})
+    subscribe(h, "w1", backlog=1)  # w1 holds void1
+    subscribe(h, "w2", backlog=1)  # w2 holds keep
+    out = h.handle(ev.AckWhere("w2", "Q", "/status = 'void'", "aw"))
+    # strict: w2 may ack available ones and its own leases, not w1's lease of void1
+    assert replies(out)[-1].body == {"acked": 1}
+    q = h.engine.queue("Q")
+    assert void2 not in q.messages and void1 in q.messages and keep in q.messages
+
+
+def test_ack_where_permissive_acks_others_leases_too():
+    h = Harness(queue(leasing="permissive"))
+    void1 = send(h, {"status": "void"})
+    subscribe(h, "w1", backlog=1)
+    subscribe(h, "w2", backlog=0)
+    out = h.handle(ev.AckWhere("w2", "Q", "/status = 'void'", "aw"))
+    assert replies(out)[-1].body == {"acked": 1}
+    assert void1 not in h.engine.queue("Q").messages
+
+
+def test_ack_where_with_a_bad_expression_is_refused():
+    h = Harness()
+    out = h.handle(ev.AckWhere("w1", "Q", "/a =", "aw"))
+    assert "column" in rejected(out)[0]
