@@ -46,7 +46,6 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 # Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
 NOT_SUPPORTED_YET = (
     "priority_levels",
-    "barrier_expression",
     "target_queue_depth",
     "sort_key",
     "lvq_key",
@@ -108,7 +107,7 @@ class QueueConfig(_Strict):
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
 
-    @field_validator("priority")
+    @field_validator("priority", "barrier_expression")
     @classmethod
     def _expression_compiles(cls, value: str | None) -> str | None:
         if value is not None:

@@ -114,11 +114,12 @@ class Engine:
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
         if q is None or e.bookmark in q.messages or ts < q.start_ms:
             return
-        priority = None
-        if q.priority is not None and e.doc is not None:
-            priority = q.priority.number(e.doc)
-        msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark,
-                                  seq=q.stats.next_seq, timestamp_ms=ts, priority=priority))
+        priority, barrier = None, False
+        if e.doc is not None:
+            priority = q.priority.number(e.doc) if q.priority is not None else None
+            barrier = q.barrier is not None and q.barrier.matches(e.doc)
+        msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
+                                  timestamp_ms=ts, priority=priority, barrier=barrier))
         if msg is not None:
             msg.doc = e.doc
         if e.size > self.max_message_bytes and msg is not None:
@@ -337,7 +338,7 @@ class Engine:
             return
         pick = PICKERS[q.config.effective_fairness]
         subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
-        if any(s.filter is not None for s in subs):
+        if q.barriers or any(s.filter is not None for s in subs):
             self._dispatch_filtered(q, subs, now)
             return
         while q.available:
@@ -351,13 +352,35 @@ class Engine:
         """In queue order, each message to a subscription with room whose filter it matches;
         a message nobody wants waits (this walks the available messages: O(available))."""
         pick = PICKERS[q.config.effective_fairness]
+        barrier = q.first_barrier()
         for msg in list(q.available.values()):
+            if barrier is not None and msg.seq > barrier.seq:
+                continue  # held back until the barrier is sent
+            if msg is barrier:
+                if self._send_barrier(q, barrier, subs, now):
+                    self._dispatch(q, now)  # what waited behind it may go now
+                    return
+                continue
             if not any(s.room > 0 for s in subs):
                 return
             takers = [s for s in subs if s.room > 0 and s.wants(msg)]
             sub = pick(takers, q.rr_last) if takers else None
             if sub is not None:
                 self._lease(q, sub, msg, now)
+
+    def _send_barrier(self, q: QueueState, barrier: Message, subs: list[Subscription],
+                      now: int) -> bool:
+        """Once everything before it is finished: to every current subscription whose filter
+        it matches, whatever their backlog, then gone without an ack."""
+        if not subs or not q.clear_before(barrier):
+            return False
+        for sub in subs:
+            if sub.wants(barrier):
+                self._out.append(Deliver(sub.client, sub.sub_id, q.name, barrier.bookmark, 1,
+                                         None, is_barrier=True))
+        self._do(Transition(Kind.REMOVED, q.name, now, barrier.bookmark, delivery_count=1,
+                            reason=Reason.BARRIER_SENT.value))
+        return True
 
     def _lease(self, q: QueueState, sub: Subscription, msg: Message, now: int) -> None:
         """Lease (or, at-most-once, send) `msg` to `sub`, unless it expired meanwhile."""

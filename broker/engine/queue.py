@@ -36,6 +36,7 @@ class Message:
         "deadline_ms",
         "priority",
         "doc",
+        "is_barrier",
     )
 
     def __init__(
@@ -59,6 +60,7 @@ class Message:
         self.deadline_ms = deadline_ms
         self.priority: float | None = None  # NULL and non-numbers are the lowest
         self.doc: Doc | None = None  # what filters see; None when nothing is known
+        self.is_barrier = False
 
     @property
     def order(self) -> Any:
@@ -116,6 +118,9 @@ class QueueState:
         self.recovery_point: str | None = None
         self.start_ms = 0
         self.priority = compile_expression(config.priority) if config.priority else None
+        self.barrier = (compile_expression(config.barrier_expression)
+                        if config.barrier_expression else None)
+        self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
@@ -137,6 +142,16 @@ class QueueState:
         # at-least-once queues hold only available and leased messages; at-most-once ones
         # only available and sent (which have left the queue)
         return 0 if self.config.at_most_once else len(self.messages) - len(self.available)
+
+    def first_barrier(self) -> Message | None:
+        """The earliest barrier still queued: nothing after it may be delivered yet."""
+        return self.barriers.peekitem(0)[1] if self.barriers else None
+
+    def clear_before(self, barrier: Message) -> bool:
+        """Whether every message before the barrier is acknowledged or removed (this walks
+        the queue: barrier queues pay O(depth) per dispatch)."""
+        return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
+                       for m in self.messages.values())
 
     def oldest_timestamp(self) -> int | None:
         live = [m.timestamp_ms for m in self.messages.values() if m.state is not MessageState.SENT]
@@ -173,8 +188,10 @@ class QueueState:
                 raise StateError(f"{t.bookmark} is already queued in {self.name}")
             next_state(None, ACTION_OF[t.kind])
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
-            msg.priority = t.priority
+            msg.priority, msg.is_barrier = t.priority, t.barrier
             self.messages[t.bookmark] = msg
+            if msg.is_barrier:
+                self.barriers[msg.seq] = msg
             self._make_available(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
@@ -200,6 +217,8 @@ class QueueState:
             self._make_available(msg)
         else:  # terminal
             del self.messages[msg.bookmark]
+            if msg.is_barrier:
+                self.barriers.pop(msg.seq, None)
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1
             else:  # removed by policy, or an at-most-once message released unacked
@@ -239,6 +258,8 @@ class QueueState:
     def restore(self, msg: Message) -> None:
         """Put back a message loaded from the store (recovery, not a transition)."""
         self.messages[msg.bookmark] = msg
+        if msg.is_barrier:
+            self.barriers[msg.seq] = msg
         if msg.state is MessageState.AVAILABLE:
             self._make_available(msg)
         elif msg.deadline_ms is not None:

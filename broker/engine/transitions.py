@@ -52,6 +52,7 @@ class Reason(StrEnum):
     EXPIRE_REQUESTED = "expire-requested"
     RESET = "reset"  # the queue's recovery point changed: it starts again from the new one
     TOO_LARGE = "too-large"  # bigger than the largest record kq may deliver
+    BARRIER_SENT = "barrier-sent"  # a barrier leaves the queue once sent, without an ack
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +72,4 @@ class Transition:
     max_backlog: int = 0  # SUBSCRIBED: what the subscriber asked for
     filter: str | None = None  # SUBSCRIBED: the subscription's filter
     priority: float | None = None  # ENQUEUED: the value of the queue's priority expression
+    barrier: bool = False  # ENQUEUED: the queue's barrier expression matched it

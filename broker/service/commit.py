@@ -74,7 +74,7 @@ def transition_record(t: Transition) -> dict[str, Any]:
         "client": t.client, "delivery_count": t.delivery_count, "cancel_count": t.cancel_count,
         "deadline_ms": t.deadline_ms, "reason": t.reason, "seq": t.seq,
         "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog, "filter": t.filter,
-        "priority": t.priority,
+        "priority": t.priority, "barrier": t.barrier,
     }
 
 

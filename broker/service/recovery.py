@@ -47,7 +47,7 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
         sub_id=r["sub_id"], client=r["client"], delivery_count=r["delivery_count"],
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
-        filter=r["filter"], priority=r["priority"],
+        filter=r["filter"], priority=r["priority"], barrier=r["barrier"],
     )
 
 

@@ -87,6 +87,7 @@ def encode_message(m: Message) -> bytes:
         "seq": m.seq, "timestamp_ms": m.timestamp_ms, "state": m.state.value,
         "delivery_count": m.delivery_count, "cancel_count": m.cancel_count,
         "holder": m.holder, "deadline_ms": m.deadline_ms, "priority": m.priority,
+        "barrier": m.is_barrier,
     })
 
 
@@ -94,7 +95,7 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     r = wire.decode("stored_message", data)
     msg = Message(bm, r["seq"], r["timestamp_ms"], MessageState(r["state"]),
                   r["delivery_count"], r["cancel_count"], r["holder"], r["deadline_ms"])
-    msg.priority = r["priority"]
+    msg.priority, msg.is_barrier = r["priority"], r["barrier"]
     return msg
 
 

@@ -84,3 +84,36 @@ def test_priorities_and_filters_survive_a_restart(bootstrap, served):
     with QueueClient(bootstrap, topic_prefix=prefix) as c:
         got = drain(c.subscribe(name, filter="/sym = 'IBM'", max_backlog=10), 3)
     assert [m.data["urgency"] for m in got] == [7, 3, 1]
+
+
+def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
+    u = uid()
+    name = f"BAR_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
+                       extra='barrier_expression = "/type = \'eod\'"\n')
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        with QueueClient(bootstrap, topic_prefix=f"kq{u}") as a, \
+                QueueClient(bootstrap, topic_prefix=f"kq{u}") as b:
+            sa = a.subscribe(name, max_backlog=1)
+            sb = b.subscribe(name, max_backlog=0)  # gets only barriers
+            bms = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}', b'{"type": "eod"}',
+                                            b'{"n": 3}'])
+            (m1,) = drain(sa, 1)
+            assert m1.bookmark == bms[0]
+            m1.ack()
+            (m2,) = drain(sa, 1)
+            assert drain(sb, 1, timeout=0.3) == []  # the barrier waits for m2's ack
+            m2.ack()
+            (bar_a,) = drain(sa, 1)
+            (bar_b,) = drain(sb, 1)
+            assert bar_a.is_barrier and bar_b.is_barrier and bar_a.bookmark == bms[2]
+            bar_a.ack()  # harmless
+            (m3,) = drain(sa, 1)  # only after the barrier
+            assert m3.bookmark == bms[3] and not m3.is_barrier
+            m3.ack()
+            a.flush()
+            assert not a.errors
+    finally:
+        serve.stop()

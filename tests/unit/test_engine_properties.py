@@ -31,9 +31,11 @@ QUEUES = {
                  max_per_subscription_backlog=3, expiration=Duration(40_000)),
     "AMO": queue("AMO", semantics="at-most-once", lease_period=Duration(3000)),
     "FAST": queue("FAST", fairness="fast", leasing="permissive"),
-    "PRIO": queue("PRIO", priority="/p", lease_period=Duration(3000)),
+    "PRIO": queue("PRIO", priority="/p", lease_period=Duration(3000),
+                  barrier_expression="/kind = 'b'"),
 }
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL"]
+KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -52,7 +54,7 @@ class QueueMachine(RuleBasedStateMachine):
         effects = self.engine.handle(event, self.now)
         self._check_order(effects)
         for e in effects:
-            if isinstance(e, Deliver):
+            if isinstance(e, Deliver) and not e.is_barrier:
                 key = (e.queue, e.bookmark)
                 assert self.holder.get(key) == e.sub_id, "delivered without a journaled lease"
                 self.delivered.append((e.client, e.queue, e.bookmark))
@@ -80,10 +82,21 @@ class QueueMachine(RuleBasedStateMachine):
                 continue
             q = self.engine.queues[e.queue]
             sub = q.subs.get(e.sub_id)
+            first = q.first_barrier()
+            if e.is_barrier:  # sent once everything before it was finished, then gone
+                assert e.bookmark not in q.messages
+                assert not any(m.seq < (first.seq if first else 1e18) and m.bookmark.offset
+                               < e.bookmark.offset and m.state.value != "sent"
+                               for m in q.messages.values()), "barrier overtook a message"
+                continue
             msg = q.messages.get(e.bookmark)
             if sub is None or msg is None:
                 continue
+            if first is not None:
+                assert msg.seq < first.seq, f"{msg} delivered while barrier {first} waits"
             for other in q.available.values():
+                if other.is_barrier or (first is not None and other.seq > first.seq):
+                    continue  # a barrier, or held behind one
                 if rank(e.queue, other) < rank(e.queue, msg):
                     assert not sub.wants(other), f"{other} should have gone before {msg}"
             if sub.filter is not None:
@@ -92,7 +105,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(q=st.sampled_from(sorted(QUEUES)),
           ps=st.lists(st.one_of(st.none(), st.integers(0, 5), st.just("text")), min_size=1,
                       max_size=4),
-          kind=st.sampled_from(["a", "b"]), parses=st.booleans())
+          kind=st.sampled_from(KINDS), parses=st.booleans())
     def publish(self, q: str, ps: list, kind: str, parses: bool) -> None:
         for p in ps:
             doc = Doc({"p": p, "kind": kind}, {}) if parses else None
@@ -144,9 +157,11 @@ class QueueMachine(RuleBasedStateMachine):
     @invariant()
     def nothing_waits_that_someone_with_room_wants(self) -> None:
         for q in self.engine.queues.values():
+            first = q.first_barrier()
+            free = [m for m in q.available.values() if first is None or m.seq < first.seq]
             for s in q.subs.values():
                 if s.room > 0 and s.client not in self.engine.unconfirmed:
-                    assert not any(s.wants(m) for m in q.available.values()), \
+                    assert not any(s.wants(m) for m in free), \
                         "a subscription with room is not given a message it wants"
 
 
@@ -169,7 +184,7 @@ class PriorityFilterMachine(RuleBasedStateMachine):
         self.delivered += [(e.client, e.bookmark) for e in effects if isinstance(e, Deliver)]
 
     @rule(ps=st.lists(st.one_of(st.none(), st.integers(0, 5), st.just("text")), min_size=1,
-                      max_size=4), kind=st.sampled_from(["a", "b"]))
+                      max_size=4), kind=st.sampled_from(KINDS))
     def publish(self, ps: list, kind: str) -> None:
         for p in ps:
             doc = Doc({"p": p, "kind": kind}, {})
