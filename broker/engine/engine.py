@@ -12,8 +12,8 @@ from collections.abc import Iterable
 
 from broker.config import QueueConfig
 from broker.engine import events as ev
-from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Effect, Journal, Reply
-from broker.engine.fairness import PICKERS
+from broker.engine.dispatch import Dispatcher
+from broker.engine.effects import CommandRejected, DeadLetter, Effect, Journal, Reply
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
@@ -22,7 +22,7 @@ from broker.expr import compile_expression
 from broker.values import Bookmark
 
 
-class Engine:
+class Engine(Dispatcher):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000) -> None:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
@@ -331,72 +331,6 @@ class Engine:
             msg = q.messages.get(bm)
             if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
                 self._remove(q, msg, now, Reason.EXPIRED)
-
-    def _dispatch(self, q: QueueState, now: int) -> None:
-        """Hand available messages, oldest first, to subscriptions with room."""
-        if not q.available or not q.subs:
-            return
-        pick = PICKERS[q.config.effective_fairness]
-        subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
-        if q.barriers or any(s.filter is not None for s in subs):
-            self._dispatch_filtered(q, subs, now)
-            return
-        while q.available:
-            sub = pick(subs, q.rr_last)
-            if sub is None:
-                return
-            _, msg = q.available.peekitem(0)
-            self._lease(q, sub, msg, now)
-
-    def _dispatch_filtered(self, q: QueueState, subs: list[Subscription], now: int) -> None:
-        """In queue order, each message to a subscription with room whose filter it matches;
-        a message nobody wants waits (this walks the available messages: O(available))."""
-        pick = PICKERS[q.config.effective_fairness]
-        barrier = q.first_barrier()
-        for msg in list(q.available.values()):
-            if barrier is not None and msg.seq > barrier.seq:
-                continue  # held back until the barrier is sent
-            if msg is barrier:
-                if self._send_barrier(q, barrier, subs, now):
-                    self._dispatch(q, now)  # what waited behind it may go now
-                    return
-                continue
-            if not any(s.room > 0 for s in subs):
-                return
-            takers = [s for s in subs if s.room > 0 and s.wants(msg)]
-            sub = pick(takers, q.rr_last) if takers else None
-            if sub is not None:
-                self._lease(q, sub, msg, now)
-
-    def _send_barrier(self, q: QueueState, barrier: Message, subs: list[Subscription],
-                      now: int) -> bool:
-        """Once everything before it is finished: to every current subscription whose filter
-        it matches, whatever their backlog, then gone without an ack."""
-        if not subs or not q.clear_before(barrier):
-            return False
-        for sub in subs:
-            if sub.wants(barrier):
-                self._out.append(Deliver(sub.client, sub.sub_id, q.name, barrier.bookmark, 1,
-                                         None, is_barrier=True))
-        self._do(Transition(Kind.REMOVED, q.name, now, barrier.bookmark, delivery_count=1,
-                            reason=Reason.BARRIER_SENT.value))
-        return True
-
-    def _lease(self, q: QueueState, sub: Subscription, msg: Message, now: int) -> None:
-        """Lease (or, at-most-once, send) `msg` to `sub`, unless it expired meanwhile."""
-        expires = q.expires_at(msg)
-        if expires is not None and expires <= now:
-            self._remove(q, msg, now, Reason.EXPIRED)
-            return
-        at_most_once = q.config.at_most_once
-        q.rr_last = sub.sub_id
-        dc = msg.delivery_count + 1
-        deadline = now + q.config.lease_period.ms
-        kind = Kind.SENT if at_most_once else Kind.LEASED
-        self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
-                            client=sub.client, delivery_count=dc, deadline_ms=deadline))
-        self._out.append(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark, dc,
-                                 None if at_most_once else deadline))
 
     # -- recovery --------------------------------------------------------------------------
     def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],
