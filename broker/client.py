@@ -202,7 +202,7 @@ class QueueClient:
             self._flush_acks()  # batched acks go first: a close must not overtake them
         record: dict[str, Any] = {"type": kind, "client": self.name, "request_id": request_id,
                   "queue": None, "sub_id": None, "max_backlog": None, "filter": None,
-                  "mode": None, "bookmarks": [], "query": None,
+                  "mode": None, "bookmarks": [], "query": None, "principal": self.principal,
                   "sent_ms": int(time.time() * 1000)}
         record.update(fields)
         # Partition 0 always: the service reads commands in order from that one partition,

@@ -214,8 +214,11 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _rules(self) -> Config:
-        if self.auth:
-            raise ValueError("not supported yet: auth")
+        for principal, pattern in self.auth.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"[auth] {principal!r}: bad regex {pattern!r}: {exc}") from None
         seen: set[str] = set()
         for q in self.queue:
             if q.name in seen:

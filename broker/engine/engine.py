@@ -8,6 +8,7 @@ deliveries, dead letters and replies are emitted after the transitions they depe
 from __future__ import annotations
 
 import heapq
+import re
 from collections.abc import Iterable
 
 from broker.config import QueueConfig
@@ -24,10 +25,13 @@ from broker.values import Bookmark
 
 class Engine(Dispatcher):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
-                 max_message_bytes: int = 1_000_000) -> None:
+                 max_message_bytes: int = 1_000_000,
+                 auth: dict[str, str] | None = None) -> None:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_message_bytes = max_message_bytes
+        # principal -> queues it may read; None: no [auth], everybody reads everything
+        self.auth = {p: re.compile(r) for p, r in auth.items()} if auth else None
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
         # Clients whose subscriptions were restored after a restart and who have not been
@@ -102,12 +106,26 @@ class Engine(Dispatcher):
     def _reject(self, client: str, request_id: str, message: str) -> None:
         self._out.append(CommandRejected(client, request_id, message))
 
-    def _queue(self, name: str, client: str, request_id: str) -> QueueState | None:
+    def _queue(self, name: str, client: str, request_id: str,
+               principal: str | None = None) -> QueueState | None:
+        """The queue a command names, if it exists and the sender may read it."""
         q = self.queues.get(name)
         if q is None:
             known = ", ".join(sorted(self.queues)) or "none"
             self._reject(client, request_id, f"unknown queue {name!r} (known queues: {known})")
+            return None
+        who = principal or client
+        if self.auth is not None and not self.entitled(who, name):
+            self._reject(client, request_id, f"not entitled: {who!r} may not read queue {name!r}")
+            return None
         return q
+
+    def entitled(self, principal: str, queue: str) -> bool:
+        """With [auth]: whether the principal's pattern allows reading (and acking) the queue."""
+        if self.auth is None:
+            return True
+        pattern = self.auth.get(principal)
+        return pattern is not None and pattern.search(queue) is not None
 
     def _arrive(self, e: ev.MessageArrived, now: int) -> None:
         q = self.queues.get(e.queue)
@@ -127,7 +145,7 @@ class Engine(Dispatcher):
             self._remove(q, msg, now, Reason.TOO_LARGE)
 
     def _subscribe(self, e: ev.Subscribed, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id)
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
         if e.max_backlog < 0:
@@ -228,7 +246,7 @@ class Engine(Dispatcher):
         return None, f"{verb} {bm}: leased to another subscriber (leasing is strict)"
 
     def _ack(self, e: ev.Acked, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id)
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
         problems = []
@@ -245,7 +263,7 @@ class Engine(Dispatcher):
 
     def _ack_where(self, e: ev.AckWhere, now: int) -> None:
         """Ack every active message the expression matches that `client` may ack."""
-        q = self._queue(e.queue, e.client, e.request_id)
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
         try:
@@ -267,7 +285,7 @@ class Engine(Dispatcher):
             self._out.append(Reply(e.client, e.request_id, {"acked": len(chosen)}))
 
     def _cancel(self, e: ev.Cancelled, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id)
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
         msg, problem = self._held_message(q, e.client, e.bookmark, "cancel")
@@ -279,7 +297,7 @@ class Engine(Dispatcher):
             self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1)
 
     def _expire(self, e: ev.ExpireRequested, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id)
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
         msg, problem = self._held_message(q, e.client, e.bookmark, "expire")

@@ -25,6 +25,8 @@ class Subscribed:
     max_backlog: int = 1
     request_id: str = ""
     filter: str | None = None
+    principal: str | None = None  # who asks, for entitlements (default: client)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ class Acked:
     queue: str
     bookmarks: tuple[Bookmark, ...]
     request_id: str = ""
+    principal: str | None = None  # who asks, for entitlements (default: client)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,8 @@ class Cancelled:
     queue: str
     bookmark: Bookmark
     request_id: str = ""
+    principal: str | None = None  # who asks, for entitlements (default: client)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,8 @@ class ExpireRequested:
     queue: str
     bookmark: Bookmark
     request_id: str = ""
+    principal: str | None = None  # who asks, for entitlements (default: client)
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,8 @@ class AckWhere:
     queue: str
     expression: str
     request_id: str = ""
+    principal: str | None = None  # who asks, for entitlements (default: client)
+
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ def decode_command(value: bytes | None) -> list[ev.Event | Query | Invalid]:
 def _events(c: dict[str, Any], client: str, rid: str,
             kind: str) -> list[ev.Event | Query | Invalid]:
     queue = c["queue"] or ""
+    who = c.get("principal") or client
     bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
     match kind:
         case "subscribe":
@@ -51,7 +52,7 @@ def _events(c: dict[str, Any], client: str, rid: str,
                 return [Invalid(client, rid, f"not supported yet: mode={c['mode']!r}")]
             backlog = 1 if c["max_backlog"] is None else int(c["max_backlog"])
             return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid,
-                                  c["filter"] or None)]
+                                  c["filter"] or None, who)]
         case "unsubscribe":
             return [ev.Unsubscribed(client, c["sub_id"] or "", rid)]
         case "close":
@@ -59,13 +60,13 @@ def _events(c: dict[str, Any], client: str, rid: str,
         case "heartbeat":
             return [ev.Heartbeat(client)]
         case "ack":
-            return [ev.Acked(client, queue, bookmarks, rid)]
+            return [ev.Acked(client, queue, bookmarks, rid, who)]
         case "ack_where":
-            return [ev.AckWhere(client, queue, c["filter"] or "", rid)]
+            return [ev.AckWhere(client, queue, c["filter"] or "", rid, who)]
         case "cancel":
-            return [ev.Cancelled(client, queue, b, rid) for b in bookmarks]
+            return [ev.Cancelled(client, queue, b, rid, who) for b in bookmarks]
         case "expire":
-            return [ev.ExpireRequested(client, queue, b, rid) for b in bookmarks]
+            return [ev.ExpireRequested(client, queue, b, rid, who) for b in bookmarks]
         case "query":
             return [Query(client, rid, json.loads(c["query"] or "{}"))]
     return [Invalid(client, rid, f"unknown command type {kind!r}")]

@@ -84,7 +84,8 @@ class Service:
         self.router = Router(config.queue, svc.topic_prefix)
         limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         self.engine = Engine(config.queue, svc.heartbeat_timeout.ms,
-                             max_message_bytes=limit - ENVELOPE_ALLOWANCE)
+                             max_message_bytes=limit - ENVELOPE_ALLOWANCE,
+                             auth=dict(config.auth) or None)
         self._store = store
         self.metrics = Metrics(self.engine)
         self._stop = threading.Event()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from broker.client import QueueClient
+from broker.client import CommandError, QueueClient
 from tests.integration.kit import (
     ServeProcess,
     drain,
@@ -115,5 +115,34 @@ def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
             m3.ack()
             a.flush()
             assert not a.errors
+    finally:
+        serve.stop()
+
+
+def test_entitlements_refuse_subscribe_and_ack_on_queues_a_principal_may_not_read(
+        bootstrap, tmp_path):
+    u = uid()
+    public, secret = f"PUB_{u}", f"SEC_{u}"
+    for t in (public, secret):
+        ensure_topic(bootstrap, t)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [public, secret], tmp_path / "state",
+                       bootstrap)
+    cfg.write_text(cfg.read_text().replace(
+        "[[queue]]", f'[auth]\n"worker-{u}" = "^PUB_"\n"auditor-{u}" = "^SEC_"\n[[queue]]', 1))
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        with QueueClient(bootstrap, name=f"w-{u}", principal=f"worker-{u}",
+                         topic_prefix=f"kq{u}") as w:
+            w.subscribe(public)
+            with pytest.raises(CommandError, match="not entitled"):
+                w.subscribe(secret)
+            (bm,) = publish(bootstrap, secret, [b'{"s": 1}'])
+            with pytest.raises(CommandError, match="not entitled"):
+                w.ack(secret, [bm])
+            with pytest.raises(CommandError, match="not entitled"):
+                w.ack_where(secret, "/s = 1")
+        with QueueClient(bootstrap, name=f"auditor-{u}", topic_prefix=f"kq{u}") as a:
+            (m,) = drain(a.subscribe(secret), 1)  # the name is the principal by default
+            assert m.bookmark == bm
     finally:
         serve.stop()

@@ -1,0 +1,43 @@
+"""[auth] entitlements: principals may subscribe to and ack only the queues they may read."""
+
+from broker.engine import events as ev
+from broker.engine.engine import Engine
+from broker.expr import Doc
+from broker.values import Bookmark
+from tests.unit.harness import Harness, delivered, queue, rejected
+
+
+def entitled_harness() -> Harness:
+    h = Harness(queue("ORDERS_A"), queue("ORDERS_B"), queue("SECRET"))
+    h.engine = Engine(list(q.config for q in h.engine.queues.values()), 10_000,
+                      auth={"worker-1": "^ORDERS_.*$", "auditor": "^SECRET$"})
+    return h
+
+
+def test_a_principal_may_subscribe_only_to_queues_it_may_read():
+    h = entitled_harness()
+    ok = h.handle(ev.Subscribed("c1", "s1", "ORDERS_A", 1, "r", None, "worker-1"))
+    assert rejected(ok) == []
+    refused = h.handle(ev.Subscribed("c1", "s2", "SECRET", 1, "r", None, "worker-1"))
+    assert rejected(refused) == ["not entitled: 'worker-1' may not read queue 'SECRET'"]
+    stranger = h.handle(ev.Subscribed("c9", "s3", "ORDERS_A", 1, "r", None, "nobody"))
+    assert "not entitled" in rejected(stranger)[0]
+
+
+def test_the_client_name_is_the_principal_by_default():
+    h = entitled_harness()
+    assert rejected(h.handle(ev.Subscribed("auditor", "s1", "SECRET", 1, "r"))) == []
+
+
+def test_acks_cancels_expires_and_ack_where_are_checked_too():
+    h = entitled_harness()
+    bm = Bookmark("T", 0, 0)
+    h.handle(ev.MessageArrived("SECRET", bm, h.now, 10, Doc({"a": 1}, {})))
+    h.handle(ev.Subscribed("auditor", "s1", "SECRET", 1, "r"))
+    assert delivered(h.effects) == [("auditor", bm, 1)]
+    for event in (ev.Acked("w", "SECRET", (bm,), "a", "worker-1"),
+                  ev.Cancelled("w", "SECRET", bm, "c", "worker-1"),
+                  ev.ExpireRequested("w", "SECRET", bm, "e", "worker-1"),
+                  ev.AckWhere("w", "SECRET", "/a = 1", "w", "worker-1")):
+        assert "not entitled" in rejected(h.handle(event))[0]
+    assert bm in h.engine.queue("SECRET").messages
