@@ -9,6 +9,7 @@ from broker.engine.effects import Deliver, Effect
 from broker.engine.fairness import PICKERS
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.transitions import Kind, Reason, Transition
+from broker.expr import Doc
 
 
 class Dispatcher:
@@ -16,6 +17,9 @@ class Dispatcher:
     _out: list[Effect]
 
     def _do(self, t: Transition) -> Message | None:
+        raise NotImplementedError
+
+    def doc_of(self, q: QueueState, msg: Message) -> Doc | None:
         raise NotImplementedError
 
     def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
@@ -53,7 +57,9 @@ class Dispatcher:
                 continue
             if not any(s.room > 0 for s in subs):
                 return
-            takers = [s for s in subs if s.room > 0 and s.wants(msg)]
+            with_room = [s for s in subs if s.room > 0]
+            doc = self.doc_of(q, msg) if any(s.filter for s in with_room) else None
+            takers = [s for s in with_room if s.wants(doc)]
             sub = pick(takers, q.rr_last) if takers else None
             if sub is not None:
                 self._lease(q, sub, msg, now)
@@ -64,8 +70,9 @@ class Dispatcher:
         it matches, whatever their backlog, then gone without an ack."""
         if not subs or not q.clear_before(barrier):
             return False
+        doc = self.doc_of(q, barrier) if any(s.filter for s in subs) else None
         for sub in subs:
-            if sub.wants(barrier):
+            if sub.wants(doc):
                 self._out.append(Deliver(sub.client, sub.sub_id, q.name, barrier.bookmark, 1,
                                          None, is_barrier=True))
         self._do(Transition(Kind.REMOVED, q.name, now, barrier.bookmark, delivery_count=1,

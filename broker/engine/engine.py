@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from broker.config import QueueConfig
 from broker.engine import events as ev
@@ -19,19 +19,26 @@ from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.errors import ExpressionError
-from broker.expr import compile_expression
+from broker.expr import Doc, compile_expression
 from broker.values import Bookmark
+
+DocLoader = Callable[[str, Bookmark], Doc | None]
+NOTHING = Doc(None, {})  # a message nothing is known of: every expression on it is NULL
 
 
 class Engine(Dispatcher):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000,
-                 auth: dict[str, str] | None = None) -> None:
+                 auth: dict[str, str] | None = None,
+                 doc_loader: DocLoader | None = None) -> None:
         self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_message_bytes = max_message_bytes
         # principal -> queues it may read; None: no [auth], everybody reads everything
         self.auth = {p: re.compile(r) for p, r in auth.items()} if auth else None
+        # Without a loader every message keeps its Doc in memory; with one (the service's,
+        # reading the store) nothing is kept and filters ask the loader.
+        self.doc_loader = doc_loader
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
         # Clients whose subscriptions were restored after a restart and who have not been
@@ -120,6 +127,12 @@ class Engine(Dispatcher):
             return None
         return q
 
+    def doc_of(self, q: QueueState, msg: Message) -> Doc | None:
+        """What expressions see of a queued message."""
+        if msg.doc is not None or self.doc_loader is None:
+            return msg.doc
+        return self.doc_loader(q.name, msg.bookmark)
+
     def entitled(self, principal: str, queue: str) -> bool:
         """With [auth]: whether the principal's pattern allows reading (and acking) the queue."""
         if self.auth is None:
@@ -138,7 +151,7 @@ class Engine(Dispatcher):
             barrier = q.barrier is not None and q.barrier.matches(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
                                   timestamp_ms=ts, priority=priority, barrier=barrier))
-        if msg is not None:
+        if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
         if e.size > self.max_message_bytes and msg is not None:
             # it could never be delivered: account for it at once instead of retrying forever
@@ -276,7 +289,7 @@ class Engine(Dispatcher):
         own = {s.sub_id for s in q.subs.values() if s.client == e.client}
         chosen = [
             m for m in sorted(q.messages.values(), key=lambda m: m.seq)
-            if m.state is not MessageState.SENT and m.doc is not None and expr.matches(m.doc)
+            if m.state is not MessageState.SENT and expr.matches(self.doc_of(q, m) or NOTHING)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
         ]
         for m in chosen:

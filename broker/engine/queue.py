@@ -59,7 +59,9 @@ class Message:
         self.holder = holder  # sub_id of the lease holder (LEASED, SENT)
         self.deadline_ms = deadline_ms
         self.priority: float | None = None  # NULL and non-numbers are the lowest
-        self.doc: Doc | None = None  # what filters see; None when nothing is known
+        # What expressions see, when kept in memory (engines without a doc loader); with a
+        # loader the engine reads it from the store when a filter asks.
+        self.doc: Doc | None = None
         self.is_barrier = False
 
     @property
@@ -83,10 +85,11 @@ class Subscription:
     held: set[Bookmark] = field(default_factory=set)
     filter: Expression | None = None
 
-    def wants(self, msg: Message) -> bool:
+    def wants(self, doc: Doc | None) -> bool:
+        """Whether the filter takes a message that expressions see as `doc`."""
         if self.filter is None:
             return True
-        return msg.doc is not None and self.filter.matches(msg.doc)
+        return doc is not None and self.filter.matches(doc)
 
     @property
     def room(self) -> int:

@@ -77,7 +77,8 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
     for m in sorted(q.messages.values(), key=lambda m: m.seq):
         if state and m.state.value != state:
             continue
-        if where is not None and not (m.doc is not None and where.matches(m.doc)):
+        doc = engine.doc_of(q, m) if where is not None else None
+        if where is not None and not (doc is not None and where.matches(doc)):
             continue
         holder = engine.subs.get(m.holder) if m.holder else None
         rows.append({

@@ -17,7 +17,6 @@ from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
 from broker.state.layout import (
     Checkpoint,
-    MakeDoc,
     Payload,
     ReaderKey,
     load_engine,
@@ -52,9 +51,9 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
 
 
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
-            write_marker, now: int, make_doc: MakeDoc | None = None) -> Recovered:  # noqa: ANN001
+            write_marker, now: int) -> Recovered:  # noqa: ANN001
     """Bring `engine` and `store` to the last committed batch of the journal."""
-    load_engine(store, engine, now, make_doc)
+    load_engine(store, engine, now)
     positions = load_positions(store)
     meta = load_meta(store)
     marker_offset = write_marker(uuid.uuid4().hex)
@@ -115,11 +114,6 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)
-        if make_doc is not None:
-            for t in cp.transitions:
-                msg = engine.queues[t.queue].messages.get(t.bookmark) if t.bookmark else None
-                if t.kind is Kind.ENQUEUED and msg is not None and t.bookmark in cp.payloads:
-                    msg.doc = make_doc(t.queue, cp.payloads[t.bookmark])
         cp.write(store, engine)
         positions.update(cp.positions)
         log.info("replayed %d journal batches (%d transitions) into the local state",

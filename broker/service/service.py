@@ -6,6 +6,7 @@ No queue rule lives here. The commit order is `broker.service.commit`'s; start-u
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -42,6 +43,7 @@ log = logging.getLogger("kq.service")
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+DOC_CACHE = 10_000  # decoded payloads kept for filters
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
@@ -85,7 +87,8 @@ class Service:
         limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         self.engine = Engine(config.queue, svc.heartbeat_timeout.ms,
                              max_message_bytes=limit - ENVELOPE_ALLOWANCE,
-                             auth=dict(config.auth) or None)
+                             auth=dict(config.auth) or None, doc_loader=self._load_doc)
+        self._batch_payloads: dict[Bookmark, Payload] = {}
         self._store = store
         self.metrics = Metrics(self.engine)
         self._stop = threading.Event()
@@ -114,7 +117,7 @@ class Service:
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms(), self._doc)
+                          self._committer.write_marker, now_ms())
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, self.topics.commands, rec.positions)
@@ -158,6 +161,7 @@ class Service:
         started = time.monotonic()
         now = now_ms()
         batch = _Batch()
+        self._batch_payloads = batch.cp.payloads
         for rec in records:
             err = rec.error()
             if err is not None:
@@ -199,6 +203,14 @@ class Service:
         for name in queues:
             doc = self._doc(name, payload, now)
             self._run(ev.MessageArrived(name, bm, ts, payload.size, doc), now, batch)
+
+    @functools.lru_cache(maxsize=DOC_CACHE)  # noqa: B019 - one service object per process
+    def _load_doc(self, queue: str, bm: Bookmark) -> Doc | None:
+        """A queued message's Doc, read back from this batch or the store (filters on
+        subscriptions and ack by filter ask; nothing is kept per message in memory)."""
+        assert self._store is not None
+        payload = self._batch_payloads.get(bm) or load_payload(self._store, bm)
+        return None if payload is None else self._doc(queue, payload)
 
     def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc:
         """What expressions see of a message: its payload decoded by the queue's format

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +22,6 @@ from broker.engine.engine import Engine
 from broker.engine.queue import Message, QueueState, QueueStats
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Transition
-from broker.expr import Doc
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -182,12 +180,8 @@ def load_meta(store: Store) -> dict[str, Any]:
     return json.loads(raw) if raw else {"offset": -1, "batch": 0}
 
 
-MakeDoc = Callable[[str, Payload], Doc | None]
-
-
-def load_engine(store: Store, engine: Engine, now: int, make_doc: MakeDoc | None = None) -> None:
-    """Fill a fresh engine with everything the store holds (with `make_doc`, what
-    expressions see of each message too)."""
+def load_engine(store: Store, engine: Engine, now: int) -> None:
+    """Fill a fresh engine with everything the store holds."""
     subs_by_queue: dict[str, list[Transition]] = {}
     for _, value in store.scan(b"s" + SEP):
         s = json.loads(value)
@@ -201,10 +195,6 @@ def load_engine(store: Store, engine: Engine, now: int, make_doc: MakeDoc | None
         prefix = b"m" + SEP + name.encode() + SEP
         messages = [decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
                     for k, v in store.scan(prefix)]
-        if make_doc is not None:
-            for m in messages:
-                payload = load_payload(store, m.bookmark)
-                m.doc = make_doc(name, payload) if payload is not None else None
         engine.restore(name, messages, subs_by_queue.get(name, []), now)
 
 
