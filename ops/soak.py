@@ -36,6 +36,7 @@ from confluent_kafka import Producer, TopicPartition  # noqa: E402
 from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import EmbeddedBroker, free_port  # noqa: E402
+from broker.service.journal import BatchAssembler  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
@@ -176,23 +177,11 @@ def _read_all(bootstrap: str, topic: str) -> list[Any]:
 def _committed_transitions(bootstrap: str, journal: str) -> list[dict[str, Any]]:
     """Transitions of the batches that were committed (whole), in journal order."""
     rows: list[dict[str, Any]] = []
-    pending: list[dict[str, Any]] = []
+    batches = BatchAssembler()
     for rec in _read_all(bootstrap, journal):
-        part = wire.decode("journal", rec.value())
-        if part["marker"] is not None:
-            pending = []
-            continue
-        if part["part"] == 0:
-            pending = [part]
-        elif pending and pending[-1]["batch"] == part["batch"] \
-                and pending[-1]["part"] == part["part"] - 1:
-            pending.append(part)
-        else:
-            pending = []
-            continue
-        if part["part"] == part["parts"] - 1:
-            rows.extend(t for p in pending for t in p["transitions"])
-            pending = []
+        whole = batches.add(wire.decode("journal", rec.value()))
+        if whole is not None:
+            rows.extend(t for p in whole for t in p["transitions"])
     return rows
 
 

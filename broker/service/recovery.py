@@ -15,6 +15,7 @@ from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
+from broker.service.journal import BatchAssembler
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -65,7 +66,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         )
     cp = Checkpoint(positions={}, batch=meta["batch"])
     replayed = 0
-    pending: list[dict] = []  # type: ignore[type-arg]
+    batches = BatchAssembler()
     consumer.assign([TopicPartition(journal_topic, 0, meta["offset"] + 1)])
     if meta["offset"] < 0 and marker_offset > 0:
         log.warning("no local state: rebuilding every queue from the journal (%d records)",
@@ -86,21 +87,9 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                 done = True
                 break
             part = wire.decode("journal", rec.value())
-            if part["marker"] is not None:
-                pending = []
-                continue
-            # A batch counts only when its parts arrive whole and in order; leftovers of a
-            # batch cut short by a crash are dropped (their inputs were never committed).
-            if part["part"] == 0:
-                pending = [part]
-            elif pending and pending[-1]["batch"] == part["batch"] \
-                    and pending[-1]["part"] == part["part"] - 1:
-                pending.append(part)
-            else:
-                pending = []
-                continue
-            if part["part"] == part["parts"] - 1:
-                for p in pending:
+            whole = batches.add(part)
+            if whole is not None:
+                for p in whole:
                     for row in p["transitions"]:
                         t = transition_from(row)
                         engine.apply(t)
@@ -110,7 +99,6 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                     cp.positions[key] = pos["offset"]
                 cp.batch, cp.journal_offset = part["batch"] + 1, off
                 replayed += 1
-                pending = []
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)
