@@ -46,7 +46,6 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 # Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
 NOT_SUPPORTED_YET = (
     "priority_levels",
-    "target_queue_depth",
     "sort_key",
     "lvq_key",
     "group_key",
@@ -89,7 +88,7 @@ class QueueConfig(_Strict):
     priority: str | None = None
     priority_levels: int | None = None
     barrier_expression: str | None = None
-    target_queue_depth: int | None = None
+    target_queue_depth: int | None = Field(None, ge=1)
     sort_key: str | None = None
     missing_sort_key: Literal["first", "last"] | None = None
     lvq_key: str | None = None

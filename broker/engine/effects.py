@@ -53,4 +53,19 @@ class CommandRejected:
     message: str
 
 
-Effect = Journal | Deliver | DeadLetter | Reply | CommandRejected
+@dataclass(frozen=True, slots=True)
+class Defer:
+    """TargetQueueDepth: the queue is full; do not consume this record for it yet."""
+
+    queue: str
+    bookmark: Bookmark
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """TargetQueueDepth: the queue has room again; read on from where it stopped."""
+
+    queue: str
+
+
+Effect = Journal | Deliver | DeadLetter | Reply | CommandRejected | Defer | Resume

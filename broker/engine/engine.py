@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterable
 from broker.config import QueueConfig
 from broker.engine import events as ev
 from broker.engine.dispatch import Dispatcher
-from broker.engine.effects import CommandRejected, DeadLetter, Effect, Journal, Reply
+from broker.engine.effects import (
+    CommandRejected,
+    DeadLetter,
+    Defer,
+    Effect,
+    Journal,
+    Reply,
+    Resume,
+)
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
@@ -82,7 +90,11 @@ class Engine(Dispatcher):
             case ev.Tick():
                 self._tick(now)
         for name in sorted(self._touched):
-            self._dispatch(self.queues[name], now)
+            q = self.queues[name]
+            self._dispatch(q, now)
+            if q.deferring and not q.full:
+                q.deferring = False
+                self._out.append(Resume(name))
         return self._out
 
     def apply(self, t: Transition) -> Message | None:
@@ -145,6 +157,10 @@ class Engine(Dispatcher):
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
         if q is None or e.bookmark in q.messages or ts < q.start_ms:
             return
+        if q.full:
+            q.deferring = True
+            self._out.append(Defer(q.name, e.bookmark))
+            return
         priority, barrier = None, False
         if e.doc is not None:
             priority = q.priority.number(e.doc) if q.priority is not None else None
@@ -153,6 +169,9 @@ class Engine(Dispatcher):
                                   timestamp_ms=ts, priority=priority, barrier=barrier))
         if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
+        if msg is not None and msg.bookmark in q.pending_acks:
+            self._do(Transition(Kind.ACKED, q.name, now, msg.bookmark, client="remembered"))
+            return
         if e.size > self.max_message_bytes and msg is not None:
             # it could never be delivered: account for it at once instead of retrying forever
             self._remove(q, msg, now, Reason.TOO_LARGE)
@@ -264,6 +283,10 @@ class Engine(Dispatcher):
             return
         problems = []
         for bm in e.bookmarks:
+            if bm not in q.messages and q.not_read_yet(bm):
+                if bm not in q.pending_acks:  # honoured when the message becomes active
+                    self._do(Transition(Kind.REMEMBERED, q.name, now, bm, client=e.client))
+                continue
             msg, problem = self._held_message(q, e.client, bm, "ack")
             if problem:
                 problems.append(problem)

@@ -124,6 +124,11 @@ class QueueState:
         self.barrier = (compile_expression(config.barrier_expression)
                         if config.barrier_expression else None)
         self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
+        # TargetQueueDepth: where reading stopped per partition, acks waiting for their
+        # message, and whether records were turned away since the queue last had room
+        self.read_upto: dict[tuple[str, int], int] = {}
+        self.pending_acks: set[Bookmark] = set()
+        self.deferring = False
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
@@ -145,6 +150,18 @@ class QueueState:
         # at-least-once queues hold only available and leased messages; at-most-once ones
         # only available and sent (which have left the queue)
         return 0 if self.config.at_most_once else len(self.messages) - len(self.available)
+
+    @property
+    def full(self) -> bool:
+        """TargetQueueDepth reached: the active part takes no more messages."""
+        tqd = self.config.target_queue_depth
+        return tqd is not None and self.depth() >= tqd
+
+    def not_read_yet(self, bm: Bookmark) -> bool:
+        """Whether a bookmark lies beyond what this TargetQueueDepth queue has read."""
+        return (self.config.target_queue_depth is not None
+                and self.config.topic_regex.search(bm.topic) is not None
+                and bm.offset >= self.read_upto.get((bm.topic, bm.partition), 0))
 
     def first_barrier(self) -> Message | None:
         """The earliest barrier still queued: nothing after it may be delivered yet."""
@@ -185,6 +202,10 @@ class QueueState:
         if t.kind is Kind.CONFIGURED:
             self.recovery_point, self.start_ms = t.reason, t.timestamp_ms
             return None
+        if t.kind is Kind.REMEMBERED:
+            assert t.bookmark is not None
+            self.pending_acks.add(t.bookmark)
+            return None
         assert t.bookmark is not None
         if t.kind is Kind.ENQUEUED:
             if t.bookmark in self.messages:
@@ -193,6 +214,8 @@ class QueueState:
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
             msg.priority, msg.is_barrier = t.priority, t.barrier
             self.messages[t.bookmark] = msg
+            tp = (t.bookmark.topic, t.bookmark.partition)
+            self.read_upto[tp] = max(self.read_upto.get(tp, 0), t.bookmark.offset + 1)
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
             self._make_available(msg)
@@ -224,6 +247,7 @@ class QueueState:
                 self.barriers.pop(msg.seq, None)
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1
+                self.pending_acks.discard(msg.bookmark)
             else:  # removed by policy, or an at-most-once message released unacked
                 self.stats.removed[t.reason or "removed"] += 1
                 if t.kind is Kind.REMOVED and self.config.dead_letter_topic:

@@ -24,6 +24,7 @@ class Kind(StrEnum):
     RELEASED = "released"
     SUBSCRIBED = "subscribed"
     UNSUBSCRIBED = "unsubscribed"
+    REMEMBERED = "remembered"  # an ack of a message not active yet, honoured on arrival
     CONFIGURED = "configured"  # a queue's recovery point: reason = as configured, timestamp_ms
 
 

@@ -42,6 +42,9 @@ class Inputs:
         self.positions = positions
         self._assigned: set[tuple[str, int]] = set()
         self._last_refresh = 0.0
+        # TargetQueueDepth: readers that stopped at a record their full queue turned away
+        self.blocked: set[ReaderKey] = set()
+        self._paused: set[tuple[str, int]] = set()
 
     def start(self) -> None:
         key = (SERVICE, self.commands_topic, 0)
@@ -68,8 +71,29 @@ class Inputs:
         return (*queues, SERVICE) if self._router.forward_target(topic) else queues
 
     def is_new(self, reader: str, topic: str, partition: int, offset: int) -> bool:
-        """Whether `reader` has not consumed this record yet."""
+        """Whether `reader` has not consumed this record yet (and is not stopped)."""
+        if (reader, topic, partition) in self.blocked:
+            return False
         return offset >= self.positions.get((reader, topic, partition), UNSET)
+
+    def block(self, queue: str, topic: str, partition: int) -> None:
+        """Stop reading this partition for a full queue; pause it when nobody else reads it."""
+        self.blocked.add((queue, topic, partition))
+        if all((r, topic, partition) in self.blocked for r in self.readers(topic)):
+            self._consumer.pause([TopicPartition(topic, partition)])
+            self._paused.add((topic, partition))
+
+    def resume(self, queue: str) -> None:
+        """The queue has room: read on from its position (records read meanwhile for the
+        other readers are read again; they skip them)."""
+        keys = [k for k in self.blocked if k[0] == queue]
+        self.blocked.difference_update(keys)
+        for _, topic, partition in keys:
+            tp = TopicPartition(topic, partition, self._start_offset(topic, partition))
+            if (topic, partition) in self._paused:
+                self._consumer.resume([TopicPartition(topic, partition)])
+                self._paused.discard((topic, partition))
+            self._consumer.seek(tp)
 
     def rewind(self, queue: str) -> dict[ReaderKey, int]:
         """Positions that send `queue` back to its recovery point in every partition."""

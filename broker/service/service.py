@@ -20,7 +20,15 @@ from confluent_kafka import Message as KafkaMessage
 from broker import wire
 from broker.config import Config
 from broker.engine import events as ev
-from broker.engine.effects import CommandRejected, DeadLetter, Deliver, Journal, Reply
+from broker.engine.effects import (
+    CommandRejected,
+    DeadLetter,
+    Defer,
+    Deliver,
+    Journal,
+    Reply,
+    Resume,
+)
 from broker.engine.engine import Engine
 from broker.engine.transitions import Reason
 from broker.errors import CommandError, StateError
@@ -74,6 +82,7 @@ class _Batch:
 
     cp: Checkpoint = field(default_factory=Checkpoint)
     outbox: Outbox = field(default_factory=Outbox)
+    resumes: set[str] = field(default_factory=set)  # queues to read on after the commit
 
 
 class Service:
@@ -153,6 +162,8 @@ class Service:
     def _commit(self, batch: _Batch, records_in: int) -> None:
         self._committer.commit(batch.cp, batch.outbox)
         self.inputs.positions.update(batch.cp.positions)
+        for queue in batch.resumes:  # only now: the rest of the batch must not overtake
+            self.inputs.resume(queue)
         self.metrics.observe(batch.cp.transitions, records_in=records_in)
 
     def _step(self) -> None:
@@ -251,6 +262,12 @@ class Service:
                     self._dead_letter(effect, batch)
                 case Reply():
                     self._reply(batch, effect.client, effect.request_id, body=effect.body)
+                case Defer(queue=queue, bookmark=bm):
+                    # not consumed for this queue: it stays at this record, and stops
+                    batch.cp.positions[(queue, bm.topic, bm.partition)] = bm.offset
+                    self.inputs.block(queue, bm.topic, bm.partition)
+                case Resume(queue=queue):
+                    batch.resumes.add(queue)
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)

@@ -103,6 +103,8 @@ def encode_queue(q: QueueState) -> bytes:
         "next_seq": s.next_seq, "enqueued": s.enqueued, "acked": s.acked,
         "delivered": s.delivered, "dead_lettered": s.dead_lettered, "removed": dict(s.removed),
         "recovery_point": q.recovery_point, "start_ms": q.start_ms,
+        "read_upto": {f"{t}/{p}": o for (t, p), o in q.read_upto.items()},
+        "pending_acks": sorted(str(b) for b in q.pending_acks),
     })
 
 
@@ -111,6 +113,10 @@ def decode_queue(data: bytes, q: QueueState) -> None:
     q.stats = QueueStats(r["next_seq"], r["enqueued"], r["acked"], r["delivered"],
                          Counter(r["removed"]), r["dead_lettered"])
     q.recovery_point, q.start_ms = r["recovery_point"], r["start_ms"]
+    for key, offset in r["read_upto"].items():
+        topic, _, partition = key.rpartition("/")
+        q.read_upto[(topic, int(partition))] = offset
+    q.pending_acks = {Bookmark.parse(b) for b in r["pending_acks"]}
 
 
 @dataclass
