@@ -106,7 +106,9 @@ class QueueClient:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if not CLIENT_NAME.match(self.name):
             raise ValueError(f"bad client name {self.name!r}: use 1-200 of A-Z a-z 0-9 . _ -")
-        self.principal = principal or self.name
+        # entitlements: as given, else the SASL user the Kafka connection logs in as, else
+        # the client's name
+        self.principal = principal or str((kafka_config or {}).get("sasl.username") or self.name)
         self.request_timeout = request_timeout
         self.errors: list[str] = []  # refusals of commands sent without waiting
         self._prefix = topic_prefix
