@@ -7,7 +7,6 @@ deliveries, dead letters and replies are emitted after the transitions they depe
 
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Callable, Iterable
 
@@ -25,6 +24,7 @@ from broker.engine.effects import (
 )
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
+from broker.engine.timers import Timers
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.errors import ExpressionError
 from broker.expr import Doc, compile_expression
@@ -34,7 +34,7 @@ DocLoader = Callable[[str, Bookmark], Doc | None]
 NOTHING = Doc(None, {})  # a message nothing is known of: every expression on it is NULL
 
 
-class Engine(Dispatcher):
+class Engine(Timers, Dispatcher):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000,
                  auth: dict[str, str] | None = None,
@@ -358,33 +358,6 @@ class Engine(Dispatcher):
         # seq=1 marks a reset: the shell rewinds the queue's input positions with it
         self._do(Transition(Kind.CONFIGURED, q.name, now, reason=e.recovery_point,
                             timestamp_ms=e.start_ms, seq=int(reset)))
-
-    def _tick(self, now: int) -> None:
-        for q in self.queues.values():
-            self._lapse_leases(q, now)
-            self._expire_available(q, now)
-        silent = [c for c, seen in self.last_seen.items()
-                  if now - seen >= self.heartbeat_timeout_ms]
-        for client in silent:
-            self._drop_client(client, now, Reason.DISCONNECTED)
-            del self.last_seen[client]
-
-    def _lapse_leases(self, q: QueueState, now: int) -> None:
-        timers = q.lease_timers
-        while timers and timers[0][0] <= now:
-            deadline, dc, bm = heapq.heappop(timers)
-            msg = q.messages.get(bm)
-            if msg is None or msg.deadline_ms != deadline or msg.delivery_count != dc:
-                continue  # stale: acked, returned or re-leased since
-            self._give_back(q, msg, now, Reason.LAPSED)
-
-    def _expire_available(self, q: QueueState, now: int) -> None:
-        timers = q.expiry_timers
-        while timers and timers[0][0] <= now:
-            _, seq, bm = heapq.heappop(timers)
-            msg = q.messages.get(bm)
-            if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
-                self._remove(q, msg, now, Reason.EXPIRED)
 
     # -- recovery --------------------------------------------------------------------------
     def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],

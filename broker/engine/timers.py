@@ -1,0 +1,57 @@
+"""Time passing: leases lapse, messages expire, silent clients lose their subscriptions.
+
+A part of the engine (its base class): each timer is a heap with lazy invalidation.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from broker.engine.queue import Message, QueueState
+from broker.engine.states import MessageState
+from broker.engine.transitions import Reason
+
+
+class Timers:
+    queues: dict[str, QueueState]
+    last_seen: dict[str, int]
+    heartbeat_timeout_ms: int
+
+    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
+        raise NotImplementedError
+
+    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
+                   cancel_count: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
+                cancel_count: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _tick(self, now: int) -> None:
+        for q in self.queues.values():
+            self._lapse_leases(q, now)
+            self._expire_available(q, now)
+        silent = [c for c, seen in self.last_seen.items()
+                  if now - seen >= self.heartbeat_timeout_ms]
+        for client in silent:
+            self._drop_client(client, now, Reason.DISCONNECTED)
+            del self.last_seen[client]
+
+    def _lapse_leases(self, q: QueueState, now: int) -> None:
+        timers = q.lease_timers
+        while timers and timers[0][0] <= now:
+            deadline, dc, bm = heapq.heappop(timers)
+            msg = q.messages.get(bm)
+            if msg is None or msg.deadline_ms != deadline or msg.delivery_count != dc:
+                continue  # stale: acked, returned or re-leased since
+            self._give_back(q, msg, now, Reason.LAPSED)
+
+    def _expire_available(self, q: QueueState, now: int) -> None:
+        timers = q.expiry_timers
+        while timers and timers[0][0] <= now:
+            _, seq, bm = heapq.heappop(timers)
+            msg = q.messages.get(bm)
+            if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
+                self._remove(q, msg, now, Reason.EXPIRED)
+
