@@ -10,6 +10,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from broker.config import Config, load_config
 from broker.errors import CommandError, ConfigError, KafkaUnavailableError, KqError
@@ -30,7 +31,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts in
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from broker.errors import KafkaUnavailableError
+from broker.errors import ConfigError, KafkaUnavailableError
 from broker.values import Bookmark
 
 log = logging.getLogger("kq.kafka")
@@ -28,11 +28,20 @@ def base_config(bootstrap: str, extra: Settings | None = None) -> dict[str, Any]
     return cfg
 
 
+def _build(kind: Any, cfg: dict[str, Any]) -> Any:
+    """A client; settings librdkafka refuses are a configuration error, not an outage."""
+    try:
+        return kind(cfg)
+    except (KafkaException, ValueError, TypeError) as exc:
+        detail = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        raise ConfigError(f"[service.kafka] (Kafka client settings): {detail}") from None
+
+
 def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Producer:
     cfg = base_config(bootstrap, extra)
     cfg.update({"linger.ms": 2, "enable.idempotence": True, "acks": "all"})
     cfg.update(overrides)
-    return Producer(cfg)
+    return _build(Producer, cfg)  # type: ignore[no-any-return]
 
 
 def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Consumer:
@@ -48,17 +57,18 @@ def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
         "enable.partition.eof": False,
     })
     cfg.update(overrides)
-    return Consumer(cfg)
+    return _build(Consumer, cfg)  # type: ignore[no-any-return]
 
 
 def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
-    return AdminClient(base_config(bootstrap, extra))
+    return _build(AdminClient, base_config(bootstrap, extra))  # type: ignore[no-any-return]
 
 
 def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: float = 10.0) -> None:
     """Raise KafkaUnavailableError (naming the address) unless Kafka answers within `timeout`."""
+    client = admin(bootstrap, extra)
     try:
-        admin(bootstrap, extra).list_topics(timeout=timeout)
+        client.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise KafkaUnavailableError(bootstrap, str(exc.args[0].str())) from None
 

@@ -165,3 +165,14 @@ def test_serve_on_the_embedded_broker_starts_again_after_a_stop(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert "cleared" in log.read_text()
+
+
+def test_a_kafka_setting_librdkafka_refuses_is_a_config_error(tmp_path):
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state", "127.0.0.1:1")
+    text = cfg.read_text().replace("[[queue]]", '[service.kafka]\n"bogus.setting" = "1"\n'
+                                   "[[queue]]", 1)
+    cfg.write_text(text)
+    for command in (["serve"], ["queues"]):
+        out = kq(*command, "--config", str(cfg))
+        assert out.returncode == 2, out.stderr
+        assert "[service.kafka]" in out.stderr and "bogus.setting" in out.stderr
