@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from broker.kafka import clients  # noqa: E402
-from broker.kafka.embedded import EmbeddedBroker, free_port  # noqa: E402
+from broker.kafka.embedded import given_or_embedded  # noqa: E402
 
 
 def _producer(bs: str) -> Producer:
@@ -266,20 +266,11 @@ def main() -> None:
     ap.add_argument("--bootstrap")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    broker = None
-    bs = a.bootstrap
-    if not bs:
-        broker = EmbeddedBroker(port=free_port()).start()
-        bs = broker.bootstrap_servers
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d)
-            raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp)
-            kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog)
-            rss = run_rss(bs, a.rss_messages, tmp)
-    finally:
-        if broker:
-            broker.stop()
+    with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp)
+        kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog)
+        rss = run_rss(bs, a.rss_messages, tmp)
     result = {"messages": a.messages, "subscribers": a.subscribers, "raw": raw, "kq": kq,
               "ratio_kq_to_raw": kq["msgs_per_s"] / raw["msgs_per_s"], **rss}
     if a.json:

@@ -35,7 +35,7 @@ from confluent_kafka import Producer, TopicPartition  # noqa: E402
 
 from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
-from broker.kafka.embedded import EmbeddedBroker, free_port  # noqa: E402
+from broker.kafka.embedded import given_or_embedded  # noqa: E402
 from broker.service.journal import BatchAssembler  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
@@ -284,18 +284,9 @@ def main() -> None:
     ap.add_argument("--bootstrap")
     ap.add_argument("--seed", type=int)
     a = ap.parse_args()
-    broker = None
-    bootstrap = a.bootstrap
-    if not bootstrap:
-        broker = EmbeddedBroker(port=free_port()).start()
-        bootstrap = broker.bootstrap_servers
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            started = time.monotonic()
-            report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed)
-    finally:
-        if broker:
-            broker.stop()
+    started = time.monotonic()
+    with given_or_embedded(a.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as d:
+        report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed)
     print("\n".join(report.lines()))
     print(f"took {time.monotonic() - started:.0f} s")
     sys.exit(1 if report.problems else 0)

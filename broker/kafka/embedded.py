@@ -12,6 +12,8 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
@@ -105,3 +107,17 @@ class EmbeddedBroker:
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+@contextmanager
+def given_or_embedded(bootstrap: str | None) -> Iterator[str]:
+    """The bootstrap servers given, or those of an embedded broker started (and stopped) here
+    on a free port."""
+    if bootstrap:
+        yield bootstrap
+        return
+    broker = EmbeddedBroker(port=free_port()).start()
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop(timeout=0)  # memory only: nothing to wait for
