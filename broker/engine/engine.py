@@ -31,7 +31,6 @@ from broker.expr import Doc, compile_expression
 from broker.values import Bookmark
 
 DocLoader = Callable[[str, Bookmark], Doc | None]
-NOTHING = Doc(None, {})  # a message nothing is known of: every expression on it is NULL
 
 
 class Engine(Timers, Dispatcher):
@@ -312,7 +311,8 @@ class Engine(Timers, Dispatcher):
         own = {s.sub_id for s in q.subs.values() if s.client == e.client}
         chosen = [
             m for m in sorted(q.messages.values(), key=lambda m: m.seq)
-            if m.state is not MessageState.SENT and expr.matches(self.doc_of(q, m) or NOTHING)
+            if m.state is not MessageState.SENT
+            and (doc := self.doc_of(q, m)) is not None and expr.matches(doc)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
         ]
         for m in chosen:

@@ -212,7 +212,10 @@ class Service:
         payload = Payload(rec.key(), rec.value(), headers, ts)
         batch.cp.payloads[bm] = payload
         for name in queues:
-            doc = self._doc(name, payload, now)
+            q = self.engine.queues[name]
+            # decoded now only for the queue's own expressions; filters decode on demand
+            needs = q.priority is not None or q.barrier is not None
+            doc = self._doc(name, payload, now) if needs else None
             self._run(ev.MessageArrived(name, bm, ts, payload.size, doc), now, batch)
 
     @functools.lru_cache(maxsize=DOC_CACHE)  # noqa: B019 - one service object per process
@@ -223,15 +226,18 @@ class Service:
         payload = self._batch_payloads.get(bm) or load_payload(self._store, bm)
         return None if payload is None else self._doc(queue, payload)
 
-    def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc:
-        """What expressions see of a message: its payload decoded by the queue's format
-        (an unparseable one is NULL everywhere, and counted) and its headers."""
+    def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc | None:
+        """What expressions see of a message: its payload decoded by the queue's format and
+        its headers (`bytes`: headers only). None for a payload that does not parse: every
+        expression on it is NULL (no filter matches it, lowest priority, not a barrier), and
+        it is counted."""
         data = None
         if self.engine.queues[queue].config.format == "json" and payload.value is not None:
             try:
                 data = json.loads(payload.value)
             except ValueError:
                 self.metrics.unparseable.labels(queue).inc()
+                return None
         return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
     def _command(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:

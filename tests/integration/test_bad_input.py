@@ -236,6 +236,13 @@ def test_a_payload_that_is_not_json_arrives_with_data_none(bootstrap, svc):
         (bm,) = publish(bootstrap, svc.queue, [b"{not json"])
         m = receive(sub, bm)
         assert m.data is None and m.value == b"{not json"
+        # an expression over it sees NULL (no match), and the service counts it
+        before = svc.metrics.registry.get_sample_value(
+            "kq_unparseable_payloads_total", {"queue": svc.queue}) or 0
+        assert c.ack_where(svc.queue, "/x IS NULL OR /x IS NOT NULL") == 0
+        after = svc.metrics.registry.get_sample_value(
+            "kq_unparseable_payloads_total", {"queue": svc.queue})
+        assert after is not None and after > before
         m.ack()
 
 
