@@ -167,3 +167,20 @@ class ServeProcess:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(20)
+
+
+@contextmanager
+def serving_one_queue(bootstrap: str, tmp_path: Path, stem: str,
+                      extra: str = "") -> Iterator[tuple[str, Path, str, ServeProcess]]:
+    """A fresh topic and prefix, one queue on it (`extra` config lines), `kq serve` running:
+    yields (queue name, config path, topic prefix, the service process)."""
+    u = uid()
+    name = f"{stem}_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
+                       extra=extra)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        yield name, cfg, f"kq{u}", serve
+    finally:
+        serve.stop()

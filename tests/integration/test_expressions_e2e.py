@@ -11,6 +11,7 @@ from tests.integration.kit import (
     ensure_topic,
     kq,
     publish,
+    serving_one_queue,
     uid,
     wait_for,
     write_config,
@@ -21,14 +22,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def served(bootstrap, tmp_path):
-    u = uid()
-    name = f"EX_{u}"
-    ensure_topic(bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
-                       extra='priority = "/urgency"\nlease_period = "1h"\n')
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
-    yield name, cfg, f"kq{u}", serve
-    serve.stop()
+    with serving_one_queue(bootstrap, tmp_path, "EX",
+                           'priority = "/urgency"\nlease_period = "1h"\n') as served_queue:
+        yield served_queue
 
 
 def test_filtered_subscribers_get_their_messages_in_priority_order(bootstrap, served):
@@ -87,36 +83,29 @@ def test_priorities_and_filters_survive_a_restart(bootstrap, served):
 
 
 def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
-    u = uid()
-    name = f"BAR_{u}"
-    ensure_topic(bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
-                       extra='barrier_expression = "/type = \'eod\'"\n')
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
-    try:
-        with QueueClient(bootstrap, topic_prefix=f"kq{u}") as a, \
-                QueueClient(bootstrap, topic_prefix=f"kq{u}") as b:
-            sa = a.subscribe(name, max_backlog=1)
-            sb = b.subscribe(name, max_backlog=0)  # gets only barriers
-            bms = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}', b'{"type": "eod"}',
-                                            b'{"n": 3}'])
-            (m1,) = drain(sa, 1)
-            assert m1.bookmark == bms[0]
-            m1.ack()
-            (m2,) = drain(sa, 1)
-            assert drain(sb, 1, timeout=0.3) == []  # the barrier waits for m2's ack
-            m2.ack()
-            (bar_a,) = drain(sa, 1)
-            (bar_b,) = drain(sb, 1)
-            assert bar_a.is_barrier and bar_b.is_barrier and bar_a.bookmark == bms[2]
-            bar_a.ack()  # harmless
-            (m3,) = drain(sa, 1)  # only after the barrier
-            assert m3.bookmark == bms[3] and not m3.is_barrier
-            m3.ack()
-            a.flush()
-            assert not a.errors
-    finally:
-        serve.stop()
+    with serving_one_queue(bootstrap, tmp_path, "BAR",
+                           'barrier_expression = "/type = \'eod\'"\n') as (name, _, prefix, _), \
+            QueueClient(bootstrap, topic_prefix=prefix) as a, \
+            QueueClient(bootstrap, topic_prefix=prefix) as b:
+        sa = a.subscribe(name, max_backlog=1)
+        sb = b.subscribe(name, max_backlog=0)  # gets only barriers
+        bms = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}', b'{"type": "eod"}',
+                                        b'{"n": 3}'])
+        (m1,) = drain(sa, 1)
+        assert m1.bookmark == bms[0]
+        m1.ack()
+        (m2,) = drain(sa, 1)
+        assert drain(sb, 1, timeout=0.3) == []  # the barrier waits for m2's ack
+        m2.ack()
+        (bar_a,) = drain(sa, 1)
+        (bar_b,) = drain(sb, 1)
+        assert bar_a.is_barrier and bar_b.is_barrier and bar_a.bookmark == bms[2]
+        bar_a.ack()  # harmless
+        (m3,) = drain(sa, 1)  # only after the barrier
+        assert m3.bookmark == bms[3] and not m3.is_barrier
+        m3.ack()
+        a.flush()
+        assert not a.errors
 
 
 def test_entitlements_refuse_subscribe_and_ack_on_queues_a_principal_may_not_read(

@@ -9,13 +9,10 @@ from confluent_kafka import Producer
 
 from broker.client import QueueClient
 from tests.integration.kit import (
-    ServeProcess,
-    ensure_topic,
     kq,
     publish,
-    uid,
+    serving_one_queue,
     wait_for,
-    write_config,
 )
 
 pytestmark = pytest.mark.integration
@@ -23,14 +20,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def served(bootstrap, tmp_path):
-    u = uid()
-    name = f"TQD_{u}"
-    ensure_topic(bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
-                       extra="target_queue_depth = 3\n")
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
-    yield name, cfg, f"kq{u}", serve, tmp_path
-    serve.stop()
+    with serving_one_queue(bootstrap, tmp_path, "TQD", "target_queue_depth = 3\n") as (
+            name, cfg, prefix, serve):
+        yield name, cfg, prefix, serve, tmp_path
 
 
 
