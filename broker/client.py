@@ -28,7 +28,7 @@ from confluent_kafka import TopicPartition
 from broker import wire
 from broker.errors import CommandError, KqError
 from broker.kafka import clients
-from broker.values import CLIENT_NAME, Bookmark
+from broker.values import CLIENT_NAME, Bookmark, Duration
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 
@@ -50,16 +50,19 @@ class Message:
     is_barrier: bool
     timestamp: float
     _client: QueueClient = field(repr=False)
+    browsed: bool = False  # a copy shown to a browser: nothing is leased, nothing to ack
 
     def ack(self) -> None:
-        if not self.is_barrier:  # barriers need no ack
+        if not (self.is_barrier or self.browsed):  # barriers and copies need no ack
             self._client._ack_later(self.queue, self.bookmark)
 
     def cancel(self) -> None:
-        self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark])
+        if not self.browsed:
+            self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark])
 
     def expire(self) -> None:
-        self._client._send("expire", queue=self.queue, bookmarks=[self.bookmark])
+        if not self.browsed:
+            self._client._send("expire", queue=self.queue, bookmarks=[self.bookmark])
 
 
 def _decode_data(fmt: str, value: bytes | None) -> Any:
@@ -72,8 +75,10 @@ def _decode_data(fmt: str, value: bytes | None) -> Any:
 
 
 class Subscription:
-    def __init__(self, client: QueueClient, queue: str, sub_id: str, backlog: int) -> None:
+    def __init__(self, client: QueueClient, queue: str, sub_id: str, backlog: int,
+                 mode: str = "queue") -> None:
         self.client, self.queue, self.sub_id, self.backlog = client, queue, sub_id, backlog
+        self.mode = mode  # "queue": leases; "browse": copies, the queue is left as it is
         self._buffer: deque[Message] = deque()
         self.closed = False
 
@@ -140,17 +145,30 @@ class QueueClient:
     # -- public API ------------------------------------------------------------------------
     def subscribe(self, queue: str, filter: str | None = None, max_backlog: int | None = None,
                   mode: str = "queue", replay_period: str | None = None) -> Subscription:
-        if mode == "browse" or replay_period is not None:
-            raise CommandError("not supported yet: mode='browse'")
+        """Subscribe to a queue. mode="queue" leases messages (at most `max_backlog` at a
+        time, default 1); mode="browse" is shown a copy of every message in the queue and of
+        each new one, in arrival order, leasing nothing (with `replay_period`, e.g. "60s",
+        only those published within that period before now)."""
+        if mode not in ("queue", "browse"):
+            raise CommandError(f"unknown mode {mode!r}: use 'queue' or 'browse'")
+        replay_ms = None
+        if replay_period is not None:
+            if mode != "browse":
+                raise CommandError("replay_period applies to mode='browse' only")
+            try:
+                replay_ms = Duration.parse(replay_period).ms
+            except ValueError as exc:
+                raise CommandError(f"bad replay_period: {exc}") from None
         if max_backlog is not None and (isinstance(max_backlog, bool)
                                         or not isinstance(max_backlog, int)):
             raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
         sub_id = uuid.uuid4().hex
-        sub = Subscription(self, queue, sub_id, 0)
+        sub = Subscription(self, queue, sub_id, 0, mode)
         self._subs[sub_id] = sub  # registered first: deliveries may beat the reply
         try:
             body = self._request("subscribe", queue=queue, sub_id=sub_id, filter=filter,
-                                 max_backlog=max_backlog, mode=mode)
+                                 max_backlog=max_backlog, mode=mode,
+                                 replay_period_ms=replay_ms)
         except KqError:
             self._subs.pop(sub_id, None)
             raise
@@ -205,6 +223,7 @@ class QueueClient:
         record: dict[str, Any] = {"type": kind, "client": self.name, "request_id": request_id,
                   "queue": None, "sub_id": None, "max_backlog": None, "filter": None,
                   "mode": None, "bookmarks": [], "query": None, "principal": self.principal,
+                  "replay_period_ms": None,
                   "sent_ms": int(time.time() * 1000)}
         record.update(fields)
         # Partition 0 always: the service reads commands in order from that one partition,
@@ -281,6 +300,7 @@ class QueueClient:
             delivery_count=env["delivery_count"],
             lease_deadline=None if deadline is None else deadline / 1000,
             is_barrier=env["is_barrier"], timestamp=env["timestamp_ms"] / 1000, _client=self,
+            browsed=sub.mode == "browse",
         ))
 
     def _beat(self) -> None:

@@ -82,16 +82,18 @@ def subscribers(
     queue: Annotated[str | None, typer.Argument(help="Only this queue's subscriptions.")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
-    """Subscriptions with their backlog, leased count and last heartbeat."""
+    """Subscriptions (consumers and browsers) with their backlog, leased count and last
+    heartbeat."""
     rows = ask(config, bootstrap_servers, what="subscribers", queue=queue)["subscribers"]
     if json:
         print_json(rows)
         return
-    table = Table("client", "queue", "subscription", "backlog", "leased", "last heartbeat")
+    table = Table("client", "queue", "subscription", "mode", "backlog", "leased",
+                  "last heartbeat")
     now = time.time() * 1000
     for r in rows:
         seen = r["last_heartbeat_ms"]
-        table.add_row(r["client"], r["queue"], r["sub_id"][:12], str(r["backlog"]),
+        table.add_row(r["client"], r["queue"], r["sub_id"][:12], r["mode"], str(r["backlog"]),
                       str(r["leased"]), f"{age(int(now - seen))} ago" if seen else "-")
     console.print(table)
 

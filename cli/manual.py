@@ -74,15 +74,26 @@ def consume(
     max_backlog: Annotated[int, typer.Option(help="Messages leased at once.")] = 1,
     ack: Annotated[bool, typer.Option(help="Acknowledge each message (else cancel it).")] = True,
     name: Annotated[str | None, typer.Option(help="Client name (default: unique).")] = None,
+    browse: Annotated[bool, typer.Option(
+        "--browse", help="Only look: print a copy of every message in the queue and of new "
+                         "ones, leasing and acknowledging nothing.")] = False,
+    replay_period: Annotated[str | None, typer.Option(
+        help="With --browse: start with the messages published this long ago, e.g. 60s "
+             "(default: everything in the queue).")] = None,
+    filter: Annotated[str | None, typer.Option(
+        "--filter", help="Only messages this expression matches, e.g. \"/sym = 'IBM'\".")
+    ] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
-    """Subscribe to a queue and print what arrives, acknowledging each message."""
+    """Subscribe to a queue and print what arrives, acknowledging each message (or, with
+    --browse, only looking)."""
     cfg = load(config)
     seen = 0
     with errors_to_exit_codes(), QueueClient(
             bootstrap_of(bootstrap_servers, cfg), name=name,
             topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
-        sub = c.subscribe(queue, max_backlog=max_backlog)
+        sub = c.subscribe(queue, filter=filter, max_backlog=max_backlog,
+                          mode="browse" if browse else "queue", replay_period=replay_period)
         for msg in sub.messages(timeout=timeout):
             row = {"bookmark": msg.bookmark, "delivery_count": msg.delivery_count,
                    "data": msg.data if msg.data is not None else

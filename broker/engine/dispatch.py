@@ -8,8 +8,13 @@ from __future__ import annotations
 from broker.engine.effects import Deliver, Effect
 from broker.engine.fairness import PICKERS
 from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.expr import Doc
+
+# Copies one browser is sent per engine step: a browser of a deep queue is caught up over
+# several batches instead of one huge one.
+BROWSE_BATCH = 500
 
 
 class Dispatcher:
@@ -78,6 +83,25 @@ class Dispatcher:
         self._do(Transition(Kind.REMOVED, q.name, now, barrier.bookmark, delivery_count=1,
                             reason=Reason.BARRIER_SENT.value))
         return True
+
+    def _browse(self, q: QueueState, now: int) -> None:
+        """Show each browser, in arrival order, a copy of every message still in the queue
+        that its filter takes; nothing is leased and no count changes. At most BROWSE_BATCH
+        copies per browser at a time: the rest follow on the next tick."""
+        for b in q.browsers.values():
+            if not b.pending or b.client in self.unconfirmed:
+                continue
+            shown = b.cursor
+            for _ in range(min(BROWSE_BATCH, len(b.pending))):
+                msg = b.pending.popleft()
+                shown = msg.seq
+                if q.messages.get(msg.bookmark) is not msg or msg.state is MessageState.SENT:
+                    continue  # finished (or, at-most-once, gone) before its turn came
+                if b.filter is None or b.wants(self.doc_of(q, msg)):
+                    self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
+                                             msg.delivery_count, None, msg.is_barrier))
+            self._do(Transition(Kind.BROWSED, q.name, now, sub_id=b.sub_id, client=b.client,
+                                seq=shown))
 
     def _lease(self, q: QueueState, sub: Subscription, msg: Message, now: int) -> None:
         """Lease (or, at-most-once, send) `msg` to `sub`, unless it expired meanwhile."""

@@ -91,6 +91,8 @@ class Engine(Timers, Dispatcher):
         for name in sorted(self._touched):
             q = self.queues[name]
             self._dispatch(q, now)
+            if q.browsers:
+                self._browse(q, now)
             if q.deferring and not q.full:
                 q.deferring = False
                 self._out.append(Resume(name))
@@ -103,7 +105,9 @@ class Engine(Timers, Dispatcher):
             return None
         if t.kind is Kind.SUBSCRIBED:
             q.apply(t)
-            self.subs[t.sub_id or ""] = q.subs[t.sub_id or ""]
+            sub = q.subscription(t.sub_id or "")
+            assert sub is not None
+            self.subs[sub.sub_id] = sub
             return None
         if t.kind is Kind.UNSUBSCRIBED:
             self.subs.pop(t.sub_id or "", None)
@@ -188,20 +192,31 @@ class Engine(Timers, Dispatcher):
             except ExpressionError as exc:
                 self._reject(e.client, e.request_id, f"bad filter: {exc}")
                 return
+        if e.replay_ms is not None and (not e.browse or e.replay_ms < 0):
+            self._reject(e.client, e.request_id, "replay_period needs mode='browse' and a "
+                         f"duration >= 0, got {e.replay_ms} ms")
+            return
         existing = self.subs.get(e.sub_id)
-        if existing is not None and (existing.client != e.client or existing.queue != e.queue):
+        if existing is not None and (existing.client != e.client or existing.queue != e.queue
+                                     or existing.browse != e.browse):
             self._reject(e.client, e.request_id, f"subscription id {e.sub_id!r} is taken")
             return
         if existing is None:
+            # a browser starts before every message it is to see: all of the queue, or
+            # those stamped within its replay period
+            since = 0 if e.replay_ms is None else now - e.replay_ms
             self._do(
                 Transition(
                     Kind.SUBSCRIBED, q.name, now, sub_id=e.sub_id, client=e.client,
-                    max_backlog=e.max_backlog, filter=e.filter or None,
+                    max_backlog=e.max_backlog, filter=e.filter or None, browse=e.browse,
+                    timestamp_ms=since if e.browse else 0, seq=-1 if e.browse else 0,
                 )
             )
-        cap = self.subs[e.sub_id].cap
+        sub = self.subs[e.sub_id]
         self._out.append(
-            Reply(e.client, e.request_id, {"sub_id": e.sub_id, "queue": q.name, "backlog": cap,
+            Reply(e.client, e.request_id, {"sub_id": e.sub_id, "queue": q.name,
+                                            "backlog": sub.cap,
+                                            "mode": "browse" if sub.browse else "queue",
                                             "heartbeat_ms": self.heartbeat_timeout_ms})
         )
 

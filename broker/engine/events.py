@@ -26,7 +26,8 @@ class Subscribed:
     request_id: str = ""
     filter: str | None = None
     principal: str | None = None  # who asks, for entitlements (default: client)
-
+    browse: bool = False  # a browser: sees a copy of every message, leases nothing
+    replay_ms: int | None = None  # browse: start with messages from this long ago (None: all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,6 @@ class Acked:
     principal: str | None = None  # who asks, for entitlements (default: client)
 
 
-
 @dataclass(frozen=True, slots=True)
 class Cancelled:
     client: str
@@ -65,7 +65,6 @@ class Cancelled:
     bookmark: Bookmark
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,6 @@ class ExpireRequested:
     principal: str | None = None  # who asks, for entitlements (default: client)
 
 
-
 @dataclass(frozen=True, slots=True)
 class AckWhere:
     """Acknowledge every active message of the queue the expression matches."""
@@ -87,7 +85,6 @@ class AckWhere:
     expression: str
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,13 @@ class Subscription:
     cap: int  # min(max_backlog, max_per_subscription_backlog)
     held: set[Bookmark] = field(default_factory=set)
     filter: Expression | None = None
+    # A browser leases nothing: it is shown a copy of each message in arrival order. It
+    # sees messages stamped since_ms or later; cursor is the seq of the last one shown, and
+    # pending the messages still to show (each checked again when its turn comes).
+    browse: bool = False
+    since_ms: int = 0
+    cursor: int = -1
+    pending: deque[Message] = field(default_factory=deque)
 
     def wants(self, doc: Doc | None) -> bool:
         """Whether the filter takes a message that expressions see as `doc`."""
@@ -113,7 +120,8 @@ class QueueState:
         self.config = config
         self.messages: dict[Bookmark, Message] = {}
         self.available: SortedDict = SortedDict()  # Message.order -> Message
-        self.subs: dict[str, Subscription] = {}  # in subscription order
+        self.subs: dict[str, Subscription] = {}  # consumers, in subscription order
+        self.browsers: dict[str, Subscription] = {}
         self.stats = QueueStats()
         self.rr_last: str | None = None  # round-robin cursor: sub_id served last
         # Where the queue starts in its topics: as configured, and as a time (records older
@@ -163,6 +171,10 @@ class QueueState:
                 and self.config.topic_regex.search(bm.topic) is not None
                 and bm.offset >= self.read_upto.get((bm.topic, bm.partition), 0))
 
+    def subscription(self, sub_id: str) -> Subscription | None:
+        """A consumer or a browser of this queue."""
+        return self.subs.get(sub_id) or self.browsers.get(sub_id)
+
     def first_barrier(self) -> Message | None:
         """The earliest barrier still queued: nothing after it may be delivered yet."""
         return self.barriers.peekitem(0)[1] if self.barriers else None
@@ -196,6 +208,7 @@ class QueueState:
             return None
         if t.kind is Kind.UNSUBSCRIBED:
             self.subs.pop(t.sub_id or "", None)
+            self.browsers.pop(t.sub_id or "", None)
             if self.rr_last == t.sub_id:
                 self.rr_last = None
             return None
@@ -205,6 +218,13 @@ class QueueState:
         if t.kind is Kind.REMEMBERED:
             assert t.bookmark is not None
             self.pending_acks.add(t.bookmark)
+            return None
+        if t.kind is Kind.BROWSED:
+            browser = self.browsers.get(t.sub_id or "")
+            if browser is not None:
+                browser.cursor = max(browser.cursor, t.seq)
+                while browser.pending and browser.pending[0].seq <= browser.cursor:
+                    browser.pending.popleft()
             return None
         assert t.bookmark is not None
         if t.kind is Kind.ENQUEUED:
@@ -219,6 +239,9 @@ class QueueState:
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
             self._make_available(msg)
+            for browser in self.browsers.values():
+                if msg.timestamp_ms >= browser.since_ms:
+                    browser.pending.append(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
             return msg
@@ -259,6 +282,14 @@ class QueueState:
         cap = min(t.max_backlog, self.config.max_per_subscription_backlog)
         sub = Subscription(t.sub_id, t.client, self.name, t.max_backlog, cap,
                            filter=compile_expression(t.filter) if t.filter else None)
+        if t.browse:
+            sub.browse, sub.cap, sub.since_ms, sub.cursor = True, 0, t.timestamp_ms, t.seq
+            sub.pending = deque(sorted(
+                (m for m in self.messages.values()
+                 if m.seq > t.seq and m.timestamp_ms >= t.timestamp_ms),
+                key=lambda m: m.seq))
+            self.browsers[t.sub_id] = sub
+            return
         sub.held = {
             m.bookmark
             for m in self.messages.values()

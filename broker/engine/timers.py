@@ -16,6 +16,7 @@ class Timers:
     queues: dict[str, QueueState]
     last_seen: dict[str, int]
     heartbeat_timeout_ms: int
+    _touched: set[str]
 
     def _drop_client(self, client: str, now: int, reason: Reason) -> None:
         raise NotImplementedError
@@ -32,6 +33,8 @@ class Timers:
         for q in self.queues.values():
             self._lapse_leases(q, now)
             self._expire_available(q, now)
+            if any(b.pending for b in q.browsers.values()):
+                self._touched.add(q.name)  # browsers still catching up
         silent = [c for c, seen in self.last_seen.items()
                   if now - seen >= self.heartbeat_timeout_ms]
         for client in silent:

@@ -26,6 +26,7 @@ class Kind(StrEnum):
     UNSUBSCRIBED = "unsubscribed"
     REMEMBERED = "remembered"  # an ack of a message not active yet, honoured on arrival
     CONFIGURED = "configured"  # a queue's recovery point: reason = as configured, timestamp_ms
+    BROWSED = "browsed"  # a browser has been shown every message up to seq
 
 
 # The message action each message-level kind performs.
@@ -74,3 +75,5 @@ class Transition:
     filter: str | None = None  # SUBSCRIBED: the subscription's filter
     priority: float | None = None  # ENQUEUED: the value of the queue's priority expression
     barrier: bool = False  # ENQUEUED: the queue's barrier expression matched it
+    browse: bool = False  # SUBSCRIBED: a browser (sees copies, leases nothing); timestamp_ms:
+    # it sees messages from that time on (its replay period)

@@ -48,11 +48,13 @@ def _events(c: dict[str, Any], client: str, rid: str,
     bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
     match kind:
         case "subscribe":
-            if c["mode"] not in (None, "", "queue"):
-                return [Invalid(client, rid, f"not supported yet: mode={c['mode']!r}")]
+            if c["mode"] not in (None, "", "queue", "browse"):
+                return [Invalid(client, rid, f"unknown mode {c['mode']!r} (use 'queue' or "
+                                             "'browse')")]
             backlog = 1 if c["max_backlog"] is None else int(c["max_backlog"])
             return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid,
-                                  c["filter"] or None, who)]
+                                  c["filter"] or None, who, browse=c["mode"] == "browse",
+                                  replay_ms=c["replay_period_ms"])]
         case "unsubscribe":
             return [ev.Unsubscribed(client, c["sub_id"] or "", rid)]
         case "close":

@@ -35,7 +35,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from broker import wire
 from broker.engine.engine import Engine
-from broker.engine.transitions import Transition
+from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
 from broker.state.layout import Checkpoint
 from broker.state.store import Store
@@ -74,8 +74,23 @@ def transition_record(t: Transition) -> dict[str, Any]:
         "client": t.client, "delivery_count": t.delivery_count, "cancel_count": t.cancel_count,
         "deadline_ms": t.deadline_ms, "reason": t.reason, "seq": t.seq,
         "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog, "filter": t.filter,
-        "priority": t.priority, "barrier": t.barrier,
+        "priority": t.priority, "barrier": t.barrier, "browse": t.browse,
     }
+
+
+def latest_cursors(transitions: list[Transition]) -> list[Transition]:
+    """The transitions without browser cursors a later one in the same batch moves past
+    (a browser fed one message per event would otherwise journal one cursor per message)."""
+    seen: set[str | None] = set()
+    kept = []
+    for t in reversed(transitions):
+        if t.kind is Kind.BROWSED:
+            if t.sub_id in seen:
+                continue
+            seen.add(t.sub_id)
+        kept.append(t)
+    kept.reverse()
+    return kept
 
 
 class Committer:
@@ -108,7 +123,7 @@ class Committer:
         self._crash_point(4, cp)
 
     def _journal(self, cp: Checkpoint) -> int:
-        rows = [transition_record(t) for t in cp.transitions]
+        rows = [transition_record(t) for t in latest_cursors(cp.transitions)]
         chunks = [rows[i:i + TRANSITIONS_PER_PART]
                   for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
         inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}

@@ -46,8 +46,9 @@ def answer(engine: Engine, args: dict[str, Any], now: int,
             raise CommandError(f"unknown queue {name!r}")
         rows = [
             {"sub_id": s.sub_id, "client": s.client, "queue": s.queue,
+             "mode": "browse" if s.browse else "queue",
              "max_backlog": s.max_backlog, "backlog": s.cap, "leased": len(s.held),
-             "last_heartbeat_ms": engine.last_seen.get(s.client)}
+             "to_browse": len(s.pending), "last_heartbeat_ms": engine.last_seen.get(s.client)}
             for s in engine.subs.values() if not name or s.queue == name
         ]
         return {"subscribers": rows}

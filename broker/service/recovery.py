@@ -15,7 +15,7 @@ from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
-from broker.service.journal import BatchAssembler
+from broker.service.journal import BatchAssembler, Part
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -47,7 +47,7 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
         sub_id=r["sub_id"], client=r["client"], delivery_count=r["delivery_count"],
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
-        filter=r["filter"], priority=r["priority"], barrier=r["barrier"],
+        filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
     )
 
 
@@ -73,6 +73,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                     marker_offset)
     deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
     done = meta["offset"] + 1 >= marker_offset
+    last: list[Part] | None = None  # the latest whole batch, replayed once the next is in
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
@@ -89,16 +90,15 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             part = wire.decode("journal", rec.value())
             whole = batches.add(part)
             if whole is not None:
-                for p in whole:
-                    for row in p["transitions"]:
-                        t = transition_from(row)
-                        engine.apply(t)
-                        cp.transitions.append(t)
-                for pos in part["inputs"]:
-                    key = (pos["reader"], pos["topic"], pos["partition"])
-                    cp.positions[key] = pos["offset"]
+                if last is not None:
+                    _replay(engine, cp, last)
+                last = whole
                 cp.batch, cp.journal_offset = part["batch"] + 1, off
                 replayed += 1
+    if last is not None:
+        # The crash may have come before this batch's deliveries were sent: browsers are
+        # shown its messages again (a duplicate copy rather than a lost one).
+        _replay(engine, cp, last, skip=Kind.BROWSED)
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)
@@ -107,6 +107,17 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         log.info("replayed %d journal batches (%d transitions) into the local state",
                  replayed, len(cp.transitions))
     return Recovered(positions, cp.batch, replayed)
+
+
+def _replay(engine: Engine, cp: Checkpoint, batch: list[Part], skip: Kind | None = None) -> None:
+    for part in batch:
+        for row in part["transitions"]:
+            t = transition_from(row)
+            if t.kind is not skip:
+                engine.apply(t)
+                cp.transitions.append(t)
+    for pos in batch[-1]["inputs"]:
+        cp.positions[(pos["reader"], pos["topic"], pos["partition"])] = pos["offset"]
 
 
 def _refetch_payloads(store: Store, engine: Engine, consumer: Consumer, cp: Checkpoint) -> None:

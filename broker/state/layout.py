@@ -149,14 +149,16 @@ class Checkpoint:
                     puts[key] = encode_message(msg)
                 touched_payloads.add(t.bookmark)
             elif t.sub_id is not None:
-                sub = q.subs.get(t.sub_id)
+                sub = q.subscription(t.sub_id)
                 if sub is None:
                     deletes.append(sub_key(t.sub_id))
                 else:
                     puts[sub_key(t.sub_id)] = json.dumps({
                         "sub_id": sub.sub_id, "client": sub.client, "queue": sub.queue,
                         "max_backlog": sub.max_backlog,
-                        "filter": sub.filter.text if sub.filter else None}).encode()
+                        "filter": sub.filter.text if sub.filter else None,
+                        "browse": sub.browse, "since_ms": sub.since_ms,
+                        "cursor": sub.cursor}).encode()
         for bm in touched_payloads:
             if any(bm in q.messages for q in engine.queues.values()):
                 if bm in self.payloads:
@@ -193,7 +195,9 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         s = json.loads(value)
         subs_by_queue.setdefault(s["queue"], []).append(Transition(
             Kind.SUBSCRIBED, s["queue"], now, sub_id=s["sub_id"], client=s["client"],
-            max_backlog=s["max_backlog"], filter=s.get("filter")))
+            max_backlog=s["max_backlog"], filter=s.get("filter"),
+            browse=s.get("browse", False), timestamp_ms=s.get("since_ms", 0),
+            seq=s.get("cursor", 0)))
     for name, q in engine.queues.items():
         raw = store.get(queue_key(name))
         if raw:

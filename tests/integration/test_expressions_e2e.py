@@ -108,7 +108,7 @@ def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
         assert not a.errors
 
 
-def test_entitlements_refuse_subscribe_and_ack_on_queues_a_principal_may_not_read(
+def test_entitlements_refuse_subscribe_browse_and_ack_on_queues_a_principal_may_not_read(
         bootstrap, tmp_path):
     u = uid()
     public, secret = f"PUB_{u}", f"SEC_{u}"
@@ -125,6 +125,8 @@ def test_entitlements_refuse_subscribe_and_ack_on_queues_a_principal_may_not_rea
             w.subscribe(public)
             with pytest.raises(CommandError, match="not entitled"):
                 w.subscribe(secret)
+            with pytest.raises(CommandError, match="not entitled"):
+                w.subscribe(secret, mode="browse")
             (bm,) = publish(bootstrap, secret, [b'{"s": 1}'])
             with pytest.raises(CommandError, match="not entitled"):
                 w.ack(secret, [bm])

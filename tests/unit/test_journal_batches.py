@@ -16,3 +16,16 @@ def test_whole_batches_only_and_leftovers_of_a_crash_are_dropped():
     assert a.add(part(2, 0, 2)) is None
     assert a.add(part(2, 1, 2)) == [part(2, 0, 2), part(2, 1, 2)]
     assert a.add(part(3, 1, 2)) is None  # a batch without its start is dropped
+
+
+def test_a_batch_journals_only_the_last_cursor_of_each_browser():
+    from broker.engine.transitions import Kind, Transition
+    from broker.service.commit import latest_cursors
+    from broker.values import Bookmark
+
+    def cursor(sub: str, seq: int) -> Transition:
+        return Transition(Kind.BROWSED, "Q", 0, sub_id=sub, seq=seq)
+
+    enq = Transition(Kind.ENQUEUED, "Q", 0, Bookmark("T", 0, 1), seq=1)
+    batch = [cursor("a", 0), cursor("b", 0), enq, cursor("a", 1)]
+    assert latest_cursors(batch) == [cursor("b", 0), enq, cursor("a", 1)]
