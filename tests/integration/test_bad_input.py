@@ -165,8 +165,9 @@ REFUSALS = {
                                   "must be an integer"),
     "subscribe with a bad filter": (lambda c, svc, sub: c.subscribe(svc.queue, filter="/a = ("),
                                     "bad filter.*column 7"),
-    "subscribe browse": (lambda c, svc, sub: c.subscribe(svc.queue, mode="browse"),
-                         "not supported yet"),
+    "browse with a negative replay period": (lambda c, svc, sub: c._request(
+        "subscribe", queue=svc.queue, sub_id="b1", mode="browse", replay_period_ms=-5),
+        "replay_period needs mode='browse' and a duration >= 0"),
     "subscribe unknown mode": (lambda c, svc, sub: c._request(
         "subscribe", queue=svc.queue, sub_id="m1", mode="sideways"), "mode"),
     "ack unknown bookmark": (lambda c, svc, sub: c.ack(svc.queue, [f"{svc.queue}/0/999999"]),
