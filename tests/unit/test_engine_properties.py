@@ -49,12 +49,17 @@ class QueueMachine(RuleBasedStateMachine):
         self.finished: Counter[str] = Counter()
         self.amo_sent: set[Bookmark] = set()
         self.delivered: list[tuple[str, str, Bookmark]] = []
+        self.browsed: set[tuple[str, Bookmark]] = set()
 
     def _run(self, event: ev.Event) -> None:
         effects = self.engine.handle(event, self.now)
         self._check_order(effects)
         for e in effects:
-            if isinstance(e, Deliver) and not e.is_barrier:
+            if isinstance(e, Deliver) and e.sub_id.endswith("-browse"):
+                assert e.lease_deadline_ms is None
+                assert (e.sub_id, e.bookmark) not in self.browsed, "a browser shown it twice"
+                self.browsed.add((e.sub_id, e.bookmark))
+            elif isinstance(e, Deliver) and not e.is_barrier:
                 key = (e.queue, e.bookmark)
                 assert self.holder.get(key) == e.sub_id, "delivered without a journaled lease"
                 self.delivered.append((e.client, e.queue, e.bookmark))
@@ -64,6 +69,8 @@ class QueueMachine(RuleBasedStateMachine):
             elif isinstance(e, Journal):
                 t = e.transition
                 key = (t.queue, t.bookmark)
+                if t.kind is Kind.SUBSCRIBED and t.browse:  # a new browser: it sees all again
+                    self.browsed = {(sid, bm) for sid, bm in self.browsed if sid != t.sub_id}
                 if t.kind in (Kind.LEASED, Kind.SENT):
                     assert key not in self.holder, "leased twice at once"
                     self.holder[key] = t.sub_id
@@ -78,8 +85,8 @@ class QueueMachine(RuleBasedStateMachine):
         """Each delivered message was the best available one its subscription wants: nothing
         still available after the event ranks higher (priority, then age) and matches."""
         for e in effects:
-            if not isinstance(e, Deliver):
-                continue
+            if not isinstance(e, Deliver) or e.sub_id.endswith("-browse"):
+                continue  # browsers are shown copies in arrival order, whatever the priority
             q = self.engine.queues[e.queue]
             sub = q.subs.get(e.sub_id)
             first = q.first_barrier()
@@ -121,6 +128,14 @@ class QueueMachine(RuleBasedStateMachine):
     def unsubscribe(self, c: str, q: str) -> None:
         self._run(ev.Unsubscribed(c, f"{c}-{q}"))
 
+    @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)),
+          f=st.sampled_from(FILTERS), close=st.booleans())
+    def browse(self, c: str, q: str, f: str | None, close: bool) -> None:
+        if close:
+            self._run(ev.Unsubscribed(c, f"{c}-{q}-browse"))
+        else:
+            self._run(ev.Subscribed(c, f"{c}-{q}-browse", q, 1, "r", f, browse=True))
+
     @rule(i=st.integers(0, 50), how=st.sampled_from(["ack", "cancel", "expire", "wrong-ack"]))
     def act_on_a_delivery(self, i: int, how: str) -> None:
         if not self.delivered:
@@ -146,6 +161,15 @@ class QueueMachine(RuleBasedStateMachine):
                 assert len(s.held) <= s.cap
                 held = {bm for (qn, bm), sid in self.holder.items() if sid == s.sub_id}
                 assert held == s.held
+
+    @invariant()
+    def browsers_miss_nothing_they_passed(self) -> None:
+        for q in self.engine.queues.values():
+            for b in q.browsers.values():
+                passed = [m for m in q.messages.values() if m.seq <= b.cursor
+                          and m.state.value != "sent" and b.wants(m.doc)]
+                assert all((b.sub_id, m.bookmark) in self.browsed for m in passed), \
+                    "a browser passed a queued message without being shown it"
 
     @invariant()
     def every_message_is_finished_or_still_queued(self) -> None:
