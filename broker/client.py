@@ -120,8 +120,13 @@ class QueueClient:
         extra = dict(kafka_config or {})
         clients.check_reachable(bootstrap_servers, extra)
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
-        clients.ensure_topics(clients.admin(bootstrap_servers, extra),
-                              [self._deliver_topic, f"{topic_prefix}.commands"])
+        admin = clients.admin(bootstrap_servers, extra)
+        clients.ensure_topics(admin, [self._deliver_topic, f"{topic_prefix}.commands"])
+        # A service with [auth] keeps a command topic per principal (which Kafka ACLs can
+        # reserve for it) and believes the topic, not the record: use ours when it exists.
+        own = f"{topic_prefix}.commands.{self.principal}"
+        self._commands_topic = (own if own in clients.topic_partitions(admin)
+                                else f"{topic_prefix}.commands")
         # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
         # request in flight keeps commands in order just as well.
         self._producer = clients.producer(bootstrap_servers, extra, **{
@@ -228,7 +233,7 @@ class QueueClient:
         record.update(fields)
         # Partition 0 always: the service reads commands in order from that one partition,
         # whatever partition count the topic was created with.
-        self._producer.produce(f"{self._prefix}.commands", wire.encode("command", record),
+        self._producer.produce(self._commands_topic, wire.encode("command", record),
                                partition=0)
         self._producer.poll(0)
 

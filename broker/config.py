@@ -24,7 +24,7 @@ from pydantic import (
 
 from broker.errors import ConfigError, ExpressionError
 from broker.expr import compile_expression
-from broker.values import Duration
+from broker.values import CLIENT_NAME, Duration
 
 
 def parse_time(text: str) -> int:
@@ -214,6 +214,11 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _rules(self) -> Config:
         for principal, pattern in self.auth.items():
+            if not CLIENT_NAME.match(principal):
+                raise ValueError(
+                    f"[auth] {principal!r}: a principal must be usable in a Kafka topic name "
+                    "(its commands come on PREFIX.commands.<principal>): use 1-200 of "
+                    "A-Z a-z 0-9 . _ -")
             try:
                 re.compile(pattern)
             except re.error as exc:

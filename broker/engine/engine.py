@@ -130,13 +130,18 @@ class Engine(Timers, Dispatcher):
 
     def _queue(self, name: str, client: str, request_id: str,
                principal: str | None = None) -> QueueState | None:
-        """The queue a command names, if it exists and the sender may read it."""
+        """The queue a command names, if it exists and the sender may read it. `principal`:
+        who sent it as far as the shell knows (None: the client's name; "": nobody vouches)."""
         q = self.queues.get(name)
         if q is None:
             known = ", ".join(sorted(self.queues)) or "none"
             self._reject(client, request_id, f"unknown queue {name!r} (known queues: {known})")
             return None
-        who = principal or client
+        who = client if principal is None else principal
+        if self.auth is not None and not who:
+            self._reject(client, request_id, f"not entitled: queue {name!r} takes commands only "
+                         "on the sender's own command topic (PREFIX.commands.<principal>)")
+            return None
         if self.auth is not None and not self.entitled(who, name):
             self._reject(client, request_id, f"not entitled: {who!r} may not read queue {name!r}")
             return None

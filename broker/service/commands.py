@@ -27,7 +27,10 @@ class Invalid:
     message: str
 
 
-def decode_command(value: bytes | None) -> list[ev.Event | Query | Invalid]:
+def decode_command(value: bytes | None,
+                   principal: str | None = None) -> list[ev.Event | Query | Invalid]:
+    """The events a command record stands for. `principal` is who sent it as the topic it
+    came on tells (the principal the record itself names is not believed)."""
     try:
         c = wire.decode("command", value or b"")
     except ValueError as exc:
@@ -36,15 +39,14 @@ def decode_command(value: bytes | None) -> list[ev.Event | Query | Invalid]:
     if not CLIENT_NAME.match(client):
         return [Invalid(None, rid, f"bad client name {client!r} in a {kind} command")]
     try:
-        return _events(c, client, rid, kind)
+        return _events(c, client, rid, kind, principal)
     except (ValueError, KeyError) as exc:
         return [Invalid(client, rid, f"bad {kind} command: {exc}")]
 
 
-def _events(c: dict[str, Any], client: str, rid: str,
-            kind: str) -> list[ev.Event | Query | Invalid]:
+def _events(c: dict[str, Any], client: str, rid: str, kind: str,
+            who: str | None) -> list[ev.Event | Query | Invalid]:
     queue = c["queue"] or ""
-    who = c.get("principal") or client
     bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
     match kind:
         case "subscribe":

@@ -33,12 +33,12 @@ IDLE_WAIT_S = 0.005  # when nothing is waiting: how long to wait on each consume
 
 class Inputs:
     def __init__(self, consumer: Consumer, commands: Consumer, admin: AdminClient,
-                 router: Router, engine: Engine, commands_topic: str,
+                 router: Router, engine: Engine, command_topics: list[str],
                  positions: dict[ReaderKey, int]) -> None:
         self._consumer, self._admin, self._router = consumer, admin, router
         self._commands = commands
         self._engine = engine
-        self.commands_topic = commands_topic
+        self.command_topics = command_topics  # the shared one, then one per [auth] principal
         self.positions = positions
         self._assigned: set[tuple[str, int]] = set()
         self._last_refresh = 0.0
@@ -47,11 +47,13 @@ class Inputs:
         self._paused: set[tuple[str, int]] = set()
 
     def start(self) -> None:
-        key = (SERVICE, self.commands_topic, 0)
-        if self.positions.get(key, UNSET) < 0:
-            # Commands sent before a fresh start are stale: begin at the current end.
-            self.positions[key] = clients.end_offset(self._consumer, self.commands_topic, 0)
-        self._commands.assign([TopicPartition(self.commands_topic, 0, self.positions[key])])
+        for topic in self.command_topics:
+            key = (SERVICE, topic, 0)
+            if self.positions.get(key, UNSET) < 0:
+                # Commands sent before a fresh start are stale: begin at the current end.
+                self.positions[key] = clients.end_offset(self._consumer, topic, 0)
+        self._commands.assign([TopicPartition(t, 0, self.positions[(SERVICE, t, 0)])
+                               for t in self.command_topics])
         self.refresh(force=True)
 
     def poll(self, max_records: int) -> list[Message]:
@@ -65,7 +67,7 @@ class Inputs:
         return commands + sources
 
     def readers(self, topic: str) -> tuple[str, ...]:
-        if topic == self.commands_topic:
+        if topic in self.command_topics:
             return (SERVICE,)
         queues = self._router.queues_of(topic)
         return (*queues, SERVICE) if self._router.forward_target(topic) else queues
@@ -113,7 +115,7 @@ class Inputs:
             log.warning("could not list topics: %s", exc)
             return
         new = [(t, p) for t, n in topics.items()
-               if self._router.wanted(t) and t != self.commands_topic
+               if self._router.wanted(t) and t not in self.command_topics
                for p in range(n) if (t, p) not in self._assigned]
         if new:
             log.info("reading %s", ", ".join(f"{t}/{p}" for t, p in new))

@@ -68,6 +68,11 @@ class Topics:
     def commands(self) -> str:
         return f"{self.prefix}.commands"
 
+    def commands_of(self, principal: str) -> str:
+        """A principal's own command topic: Kafka ACLs can let only that principal write it,
+        and the service takes every command on it as sent by that principal."""
+        return f"{self.prefix}.commands.{principal}"
+
     @property
     def journal(self) -> str:
         return f"{self.prefix}.journal"
@@ -99,6 +104,12 @@ class Service:
                              auth=dict(config.auth) or None, doc_loader=self._load_doc)
         self._batch_payloads: dict[Bookmark, Payload] = {}
         self._store = store
+        # command topic -> who sent what is on it. Without [auth] nobody needs to be known
+        # (None). With it, each principal has its own topic and the shared one vouches for
+        # nobody (""): a claim written inside a record is never believed.
+        self._command_topics: dict[str, str | None] = {
+            self.topics.commands: "" if config.auth else None,
+            **{self.topics.commands_of(p): p for p in config.auth}}
         self.metrics = Metrics(self.engine)
         self._stop = threading.Event()
         self.ready = threading.Event()
@@ -111,7 +122,7 @@ class Service:
         """Connect, recover, then serve until `stop()`."""
         clients.check_reachable(self.bootstrap, self.kafka_extra)
         self._admin = clients.admin(self.bootstrap, self.kafka_extra)
-        clients.ensure_topics(self._admin, [self.topics.commands])
+        clients.ensure_topics(self._admin, list(self._command_topics))
         # The journal is the state: a new queue state is rebuilt from all of it.
         clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
         store = self._store or RocksStore(self.config.service.data_dir)
@@ -129,7 +140,7 @@ class Service:
                           self._committer.write_marker, now_ms())
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
-                                 self.engine, self.topics.commands, rec.positions)
+                                 self.engine, list(self._command_topics), rec.positions)
             self._configure_queues()
             self.inputs.start()
             self.ready.set()
@@ -184,9 +195,9 @@ class Service:
                        if self.inputs.is_new(r, bm.topic, bm.partition, bm.offset)]
             for reader in readers:
                 batch.cp.positions[(reader, bm.topic, bm.partition)] = bm.offset + 1
-            if bm.topic == self.topics.commands:
+            if bm.topic in self._command_topics:
                 if readers:
-                    self._command(rec, now, batch)
+                    self._command(rec, self._command_topics[bm.topic], now, batch)
             else:
                 self._source_record(rec, bm, readers, now, batch)
         self._run(ev.Tick(), now, batch)
@@ -240,8 +251,9 @@ class Service:
                 return None
         return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
-    def _command(self, rec: KafkaMessage, now: int, batch: _Batch) -> None:
-        for item in decode_command(rec.value()):
+    def _command(self, rec: KafkaMessage, principal: str | None, now: int,
+                 batch: _Batch) -> None:
+        for item in decode_command(rec.value(), principal):
             if isinstance(item, Invalid):
                 log.warning("rejected command from %s: %s", item.client or "?", item.message)
                 self.metrics.bad_commands.inc()

@@ -108,8 +108,9 @@ def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
         assert not a.errors
 
 
-def test_entitlements_refuse_subscribe_browse_and_ack_on_queues_a_principal_may_not_read(
-        bootstrap, tmp_path):
+@pytest.fixture
+def entitled(bootstrap, tmp_path):
+    """A service with [auth]: worker-U reads PUB_U, auditor-U reads SEC_U; yields U."""
     u = uid()
     public, secret = f"PUB_{u}", f"SEC_{u}"
     for t in (public, secret):
@@ -120,20 +121,42 @@ def test_entitlements_refuse_subscribe_browse_and_ack_on_queues_a_principal_may_
         "[[queue]]", f'[auth]\n"worker-{u}" = "^PUB_"\n"auditor-{u}" = "^SEC_"\n[[queue]]', 1))
     serve = ServeProcess(cfg, tmp_path / "serve.log").start()
     try:
-        with QueueClient(bootstrap, name=f"w-{u}", principal=f"worker-{u}",
-                         topic_prefix=f"kq{u}") as w:
-            w.subscribe(public)
-            with pytest.raises(CommandError, match="not entitled"):
-                w.subscribe(secret)
-            with pytest.raises(CommandError, match="not entitled"):
-                w.subscribe(secret, mode="browse")
-            (bm,) = publish(bootstrap, secret, [b'{"s": 1}'])
-            with pytest.raises(CommandError, match="not entitled"):
-                w.ack(secret, [bm])
-            with pytest.raises(CommandError, match="not entitled"):
-                w.ack_where(secret, "/s = 1")
-        with QueueClient(bootstrap, name=f"auditor-{u}", topic_prefix=f"kq{u}") as a:
-            (m,) = drain(a.subscribe(secret), 1)  # the name is the principal by default
-            assert m.bookmark == bm
+        yield u
     finally:
         serve.stop()
+
+
+def test_entitlements_refuse_subscribe_browse_and_ack_on_queues_a_principal_may_not_read(
+        bootstrap, entitled):
+    u = entitled
+    public, secret = f"PUB_{u}", f"SEC_{u}"
+    with QueueClient(bootstrap, name=f"w-{u}", principal=f"worker-{u}",
+                     topic_prefix=f"kq{u}") as w:
+        w.subscribe(public)
+        with pytest.raises(CommandError, match="not entitled"):
+            w.subscribe(secret)
+        with pytest.raises(CommandError, match="not entitled"):
+            w.subscribe(secret, mode="browse")
+        (bm,) = publish(bootstrap, secret, [b'{"s": 1}'])
+        with pytest.raises(CommandError, match="not entitled"):
+            w.ack(secret, [bm])
+        with pytest.raises(CommandError, match="not entitled"):
+            w.ack_where(secret, "/s = 1")
+    with QueueClient(bootstrap, name=f"auditor-{u}", topic_prefix=f"kq{u}") as a:
+        (m,) = drain(a.subscribe(secret), 1)  # the name is the principal by default
+        assert m.bookmark == bm
+
+
+def test_the_command_topic_not_the_record_says_who_sent_a_command(bootstrap, entitled):
+    u = entitled
+    with QueueClient(bootstrap, principal=f"worker-{u}", topic_prefix=f"kq{u}") as w:
+        assert w._commands_topic == f"kq{u}.commands.worker-{u}"
+        w.principal = f"auditor-{u}"  # a claim inside the record: not believed
+        with pytest.raises(CommandError, match=f"'worker-{u}' may not read"):
+            w.subscribe(f"SEC_{u}")
+    # no command topic of its own: the shared one vouches for nobody
+    with QueueClient(bootstrap, principal=f"stranger-{u}", topic_prefix=f"kq{u}") as s:
+        assert s._commands_topic == f"kq{u}.commands"
+        s.principal = f"worker-{u}"
+        with pytest.raises(CommandError, match="own command topic"):
+            s.subscribe(f"PUB_{u}")

@@ -54,6 +54,7 @@ def test_at_most_once_defaults_to_round_robin():
     ({"service": {"heartbeat_timeout": "soon"}}, ["heartbeat_timeout", "bad duration"]),
     ({"queue": [{"name": "A"}, {"name": "A"}]}, ["defined twice"]),
     ({"auth": {"worker-1": "(("}}, ["[auth] 'worker-1'", "bad regex"]),
+    ({"auth": {"alice@EXAMPLE.COM": ".*"}}, ["[auth] 'alice@EXAMPLE.COM'", "topic name"]),
     ({"queue": [{"lease_period": "1s"}]}, ["queue #1", "'name'"]),
 ])
 def test_config_errors_name_the_queue_and_the_key(raw, words):

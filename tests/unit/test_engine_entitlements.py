@@ -41,3 +41,12 @@ def test_acks_cancels_expires_and_ack_where_are_checked_too():
                   ev.AckWhere("w", "SECRET", "/a = 1", "w", "worker-1")):
         assert "not entitled" in rejected(h.handle(event))[0]
     assert bm in h.engine.queue("SECRET").messages
+
+
+def test_a_command_nobody_vouches_for_is_refused_on_an_entitled_queue():
+    # the service passes "" for commands on the shared topic: with [auth] only a
+    # principal's own command topic says who sent a command
+    h = entitled_harness()
+    out = h.handle(ev.Subscribed("worker-1", "s1", "ORDERS_A", 1, "r", None, ""))
+    assert rejected(out) == ["not entitled: queue 'ORDERS_A' takes commands only on the "
+                             "sender's own command topic (PREFIX.commands.<principal>)"]
