@@ -247,13 +247,30 @@ def run_rss(bs: str, m: int, tmp: Path) -> dict[str, float]:
     publish(bs, queue, m)
     wait_stat(bs, prefix, queue, "enqueued", m)
     loaded = rss_kb(proc.pid)
+    browse_s = browse_all(bs, prefix, queue, m)
     proc.terminate()
     proc.wait()
     proc, restart_s = start_service(cfg, log)
     proc.terminate()
     proc.wait()
     return {"rss_bytes_per_queued_msg": (loaded - base) * 1024 / m, "queued": m,
-            "restart_s": restart_s}
+            "restart_s": restart_s, "browse_msgs_per_s": m / browse_s}
+
+
+def browse_all(bs: str, prefix: str, queue: str, m: int) -> float:
+    """Seconds a new browser takes to be shown every one of `m` queued messages."""
+    from broker.client import QueueClient
+
+    with QueueClient(bs, name="bench-browser", topic_prefix=prefix) as c:
+        started = time.monotonic()
+        seen = 0
+        for _ in c.subscribe(queue, mode="browse").messages(timeout=30):
+            seen += 1
+            if seen == m:
+                break
+        if seen < m:
+            raise SystemExit(f"the browser saw {seen} of {m} messages")
+        return time.monotonic() - started
 
 
 def main() -> None:
@@ -284,6 +301,7 @@ def main() -> None:
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued: {rss['restart_s']:.1f} s")
+    print(f"browse: a new browser is shown them at {rss['browse_msgs_per_s']:.0f} msgs/s")
 
 
 if __name__ == "__main__":
