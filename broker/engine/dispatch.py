@@ -5,6 +5,8 @@ A part of the engine (its base class), kept apart because it is the one hot loop
 
 from __future__ import annotations
 
+from sortedcontainers import SortedDict
+
 from broker.engine.effects import Deliver, Effect
 from broker.engine.fairness import PICKERS
 from broker.engine.queue import Message, QueueState, Subscription
@@ -24,7 +26,7 @@ class Dispatcher:
     def _do(self, t: Transition) -> Message | None:
         raise NotImplementedError
 
-    def doc_of(self, q: QueueState, msg: Message) -> Doc | None:
+    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
         raise NotImplementedError
 
     def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
@@ -34,11 +36,19 @@ class Dispatcher:
     def _dispatch(self, q: QueueState, now: int) -> None:
         """Hand available messages, oldest first, to subscriptions with room."""
         if not q.available or not q.subs:
+            q.matching.clear()
+            q.fresh.clear()
             return
         pick = PICKERS[q.config.effective_fairness]
         subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
-        if q.barriers or any(s.filter is not None for s in subs):
+        filters = [s.filter for s in subs if s.filter is not None]
+        if q.barriers or any(f.uses_time for f in filters):
+            q.matching.clear()
+            q.fresh.clear()
             self._dispatch_filtered(q, subs, now)
+            return
+        if filters:
+            self._dispatch_indexed(q, subs, now)
             return
         while q.available:
             sub = pick(subs, q.rr_last)
@@ -47,9 +57,52 @@ class Dispatcher:
             _, msg = q.available.peekitem(0)
             self._lease(q, sub, msg, now)
 
+    def _dispatch_indexed(self, q: QueueState, subs: list[Subscription], now: int) -> None:
+        """Filters without barriers: repeatedly the best available message some subscription
+        with room wants (each filter's index has its best at the head), to one of those
+        subscriptions by fairness. The same choices as walking the queue, at O(log n) each."""
+        self._sync_matching(q, subs)
+        pick = PICKERS[q.config.effective_fairness]
+        while True:
+            with_room = [s for s in subs if s.room > 0]
+            sources = [q.available if s.filter is None else q.matching[s.filter.text]
+                       for s in with_room]
+            heads = [src.peekitem(0) for src in sources if src]
+            if not heads:
+                return
+            order, msg = min(heads, key=lambda head: head[0])
+            takers = [s for s, src in zip(with_room, sources, strict=True) if order in src]
+            sub = pick(takers, q.rr_last)
+            if sub is None:
+                return
+            self._lease(q, sub, msg, now)  # the message leaves the available ones either way
+
+    def _sync_matching(self, q: QueueState, subs: list[Subscription]) -> None:
+        """Bring each filter's index up to date: messages made available since the last look
+        are checked once (a message's payload does not change, so neither does the result);
+        a filter new to the queue is checked against every available message."""
+        wanted = {s.filter.text: s.filter for s in subs if s.filter is not None}
+        for text in [t for t in q.matching if t not in wanted]:
+            del q.matching[text]
+        fresh, q.fresh = q.fresh, []
+        if q.matching:
+            for msg in fresh:
+                if q.available.get(msg.order) is not msg:
+                    continue  # left again before anyone looked
+                doc = self.doc_of(q, msg)
+                for text, index in q.matching.items():
+                    if doc is not None and wanted[text].matches(doc):
+                        index[msg.order] = msg
+        for text, expr in wanted.items():
+            if text not in q.matching:
+                q.matching[text] = SortedDict(
+                    (order, m) for order, m in q.available.items()
+                    if (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
+
     def _dispatch_filtered(self, q: QueueState, subs: list[Subscription], now: int) -> None:
         """In queue order, each message to a subscription with room whose filter it matches;
-        a message nobody wants waits (this walks the available messages: O(available))."""
+        a message nobody wants waits. This walks the available messages, O(available): it
+        serves queues holding a barrier, and filters that read the clock."""
         pick = PICKERS[q.config.effective_fairness]
         barrier = q.first_barrier()
         for msg in list(q.available.values()):
@@ -63,7 +116,7 @@ class Dispatcher:
             if not any(s.room > 0 for s in subs):
                 return
             with_room = [s for s in subs if s.room > 0]
-            doc = self.doc_of(q, msg) if any(s.filter for s in with_room) else None
+            doc = self.doc_of(q, msg, now) if any(s.filter for s in with_room) else None
             takers = [s for s in with_room if s.wants(doc)]
             sub = pick(takers, q.rr_last) if takers else None
             if sub is not None:
@@ -75,7 +128,7 @@ class Dispatcher:
         it matches, whatever their backlog, then gone without an ack."""
         if not subs or not q.clear_before(barrier):
             return False
-        doc = self.doc_of(q, barrier) if any(s.filter for s in subs) else None
+        doc = self.doc_of(q, barrier, now) if any(s.filter for s in subs) else None
         for sub in subs:
             if sub.wants(doc):
                 self._out.append(Deliver(sub.client, sub.sub_id, q.name, barrier.bookmark, 1,
@@ -97,7 +150,7 @@ class Dispatcher:
                 shown = msg.seq
                 if q.messages.get(msg.bookmark) is not msg or msg.state is MessageState.SENT:
                     continue  # finished (or, at-most-once, gone) before its turn came
-                if b.filter is None or b.wants(self.doc_of(q, msg)):
+                if b.filter is None or b.wants(self.doc_of(q, msg, now)):
                     self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
                                              msg.delivery_count, None, msg.is_barrier))
             self._do(Transition(Kind.BROWSED, q.name, now, sub_id=b.sub_id, client=b.client,

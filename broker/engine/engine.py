@@ -147,11 +147,14 @@ class Engine(Timers, Dispatcher):
             return None
         return q
 
-    def doc_of(self, q: QueueState, msg: Message) -> Doc | None:
-        """What expressions see of a queued message."""
-        if msg.doc is not None or self.doc_loader is None:
-            return msg.doc
-        return self.doc_loader(q.name, msg.bookmark)
+    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
+        """What expressions see of a queued message (with `now`: NOW() is that time)."""
+        doc = msg.doc
+        if doc is None and self.doc_loader is not None:
+            doc = self.doc_loader(q.name, msg.bookmark)
+        if doc is None or now is None:
+            return doc
+        return Doc(doc.data, doc.headers, now)
 
     def entitled(self, principal: str, queue: str) -> bool:
         """With [auth]: whether the principal's pattern allows reading (and acking) the queue."""
@@ -332,7 +335,7 @@ class Engine(Timers, Dispatcher):
         chosen = [
             m for m in sorted(q.messages.values(), key=lambda m: m.seq)
             if m.state is not MessageState.SENT
-            and (doc := self.doc_of(q, m)) is not None and expr.matches(doc)
+            and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
         ]
         for m in chosen:

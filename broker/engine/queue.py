@@ -132,6 +132,13 @@ class QueueState:
         self.barrier = (compile_expression(config.barrier_expression)
                         if config.barrier_expression else None)
         self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
+        # Per subscription filter (by text): the available messages it matches, in delivery
+        # order, so a filtered subscription finds its next message without walking the
+        # queue. Kept by the dispatcher: messages made available since it last looked wait
+        # in `fresh`; a message leaving the available ones leaves every index at once.
+        self.matching: dict[str, SortedDict] = {}
+        self.fresh: list[Message] = []
+        self.clock_checked_ms = 0  # when filters reading NOW() last looked again
         # TargetQueueDepth: where reading stopped per partition, acks waiting for their
         # message, and whether records were turned away since the queue last had room
         self.read_upto: dict[tuple[str, int], int] = {}
@@ -300,6 +307,8 @@ class QueueState:
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
         self.available[msg.order] = msg
+        if self.matching:
+            self.fresh.append(msg)
         expires = self.expires_at(msg)
         if expires is not None:
             heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
@@ -308,6 +317,8 @@ class QueueState:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
             self.available.pop(msg.order, None)
+            for index in self.matching.values():
+                index.pop(msg.order, None)
         elif msg.holder is not None:
             sub = self.subs.get(msg.holder)
             if sub is not None:

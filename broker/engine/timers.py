@@ -11,6 +11,9 @@ from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Reason
 
+# How often the available messages are checked again for filters that read the clock.
+CLOCK_RECHECK_MS = 100
+
 
 class Timers:
     queues: dict[str, QueueState]
@@ -35,6 +38,11 @@ class Timers:
             self._expire_available(q, now)
             if any(b.pending for b in q.browsers.values()):
                 self._touched.add(q.name)  # browsers still catching up
+            if (q.available and now - q.clock_checked_ms >= CLOCK_RECHECK_MS
+                    and any(s.filter is not None and s.filter.uses_time
+                            for s in q.subs.values())):
+                q.clock_checked_ms = now  # a filter reading NOW() may match by now
+                self._touched.add(q.name)
         silent = [c for c, seen in self.last_seen.items()
                   if now - seen >= self.heartbeat_timeout_ms]
         for client in silent:

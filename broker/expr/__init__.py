@@ -22,6 +22,9 @@ _PARSER = Lark(GRAMMAR, parser="lalr", maybe_placeholders=True)
 class Expression:
     text: str
     _fn: Fn = field(repr=False, compare=False)
+    # Whether it reads the clock (NOW()): its value on a message may change as time passes,
+    # so a result cannot be kept.
+    uses_time: bool = field(default=False, compare=False)
 
     def evaluate(self, doc: Doc) -> Any:
         """The value: a JSON value, or None for NULL."""
@@ -52,4 +55,6 @@ def compile_expression(text: str) -> Expression:
             f"bad expression at column {column}: {text!r}\n  {text}\n  {pointer}") from None
     except VisitError as exc:
         raise ExpressionError(f"bad expression {text!r}: {exc.orig_exc}") from None
-    return Expression(text, fn)
+    uses_time = any(t.data == "call" and str(t.children[0]).upper() == "NOW"
+                    for t in tree.iter_subtrees())
+    return Expression(text, fn, uses_time)

@@ -115,3 +115,48 @@ def test_ack_where_with_a_bad_expression_is_refused():
     h = Harness()
     out = h.handle(ev.AckWhere("w1", "Q", "/a =", "aw"))
     assert "column" in rejected(out)[0]
+
+
+def test_messages_returned_together_go_best_first_to_whoever_wants_them():
+    h = Harness()
+    low, high = send(h, {"p": 1}), send(h, {"p": 5})
+    subscribe(h, "holder", backlog=2)  # holds both
+    subscribe(h, "any", backlog=2)  # unfiltered, room for both
+    subscribe(h, "big", "/p > 2", backlog=1)
+    out = h.handle(ev.Unsubscribed("holder", "holder-Q"))  # both come back at once
+    # oldest first: `low` to the only one that wants it; then `high` to the emptier one
+    assert [(c, bm) for c, bm, _ in delivered(out)] == [("any", low), ("big", high)]
+
+
+def test_a_waiting_message_is_checked_against_a_filter_once_not_on_every_arrival():
+    from broker.engine.engine import Engine
+
+    loads: list[Bookmark] = []
+    docs: dict[Bookmark, Doc] = {}
+
+    def loader(queue: str, bm: Bookmark) -> Doc:
+        loads.append(bm)
+        return docs[bm]
+
+    engine = Engine([queue()], doc_loader=loader)
+    for i in range(1000):
+        docs[bm := Bookmark("T", 0, i)] = Doc({"sym": "MSFT"}, {})
+        engine.handle(ev.MessageArrived("Q", bm, 0, 10), 0)
+    engine.handle(ev.Subscribed("w", "w-Q", "Q", 10, "r", "/sym = 'IBM'"), 0)
+    assert len(loads) == 1000  # each waiting message checked once
+    for i in range(1000, 1100):
+        docs[bm := Bookmark("T", 0, i)] = Doc({"sym": "IBM" if i % 2 else "MSFT"}, {})
+        out = engine.handle(ev.MessageArrived("Q", bm, 0, 10), 0)
+        assert [d.bookmark for d in out if hasattr(d, "sub_id")] == ([bm] if i % 2 else [])
+        engine.handle(ev.Acked("w", "Q", (bm,)), 0) if i % 2 else None
+    assert len(loads) == 1100  # each new one checked once, the waiting ones not again
+
+
+def test_a_filter_that_reads_the_clock_is_checked_again_as_time_passes():
+    h = Harness()
+    e = h.engine
+    bm = Bookmark("T", 0, 0)
+    e.handle(ev.MessageArrived("Q", bm, h.now, 10, Doc({"due_s": h.now / 1000 + 5}, {})), h.now)
+    assert delivered(subscribe(h, "w1", "/due_s <= NOW()")) == []
+    assert delivered(h.advance(4000)) == []
+    assert [b for _, b, _ in delivered(h.advance(2000))] == [bm]

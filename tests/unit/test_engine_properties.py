@@ -83,7 +83,15 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _check_order(self, effects: list) -> None:
         """Each delivered message was the best available one its subscription wants: nothing
-        still available after the event ranks higher (priority, then age) and matches."""
+        still available after the event ranks higher (priority, then age) and matches, and
+        what one subscription got in one event came best first."""
+        last_rank: dict[str, tuple] = {}
+        for e in effects:
+            if isinstance(e, Deliver) and not e.is_barrier and not e.sub_id.endswith(
+                    "-browse") and e.bookmark in self.engine.queues[e.queue].messages:
+                r = rank(e.queue, self.engine.queues[e.queue].messages[e.bookmark])
+                assert r > last_rank.get(e.sub_id, (-1e18,)), "given out of order in one go"
+                last_rank[e.sub_id] = r
         for e in effects:
             if not isinstance(e, Deliver) or e.sub_id.endswith("-browse"):
                 continue  # browsers are shown copies in arrival order, whatever the priority

@@ -86,3 +86,9 @@ def test_an_unparseable_payload_is_null_everywhere():
 
 def test_compiled_once():
     assert compile_expression("/a = 1") is compile_expression("/a = 1")
+
+
+def test_an_expression_says_whether_it_reads_the_clock():
+    assert compile_expression("/deadline < NOW()").uses_time
+    assert compile_expression("ABS(now() - /t) > 5").uses_time
+    assert not compile_expression("/sym = 'NOW'").uses_time
