@@ -35,32 +35,36 @@ class Dispatcher:
 
     def _dispatch(self, q: QueueState, now: int) -> None:
         """Hand available messages, oldest first, to subscriptions with room."""
-        if not q.available or not q.subs:
-            q.matching.clear()
-            q.fresh.clear()
-            return
         pick = PICKERS[q.config.effective_fairness]
-        subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
-        filters = [s.filter for s in subs if s.filter is not None]
-        if q.barriers or any(f.uses_time for f in filters):
-            q.matching.clear()
-            q.fresh.clear()
-            self._dispatch_filtered(q, subs, now)
-            return
-        if filters:
-            self._dispatch_indexed(q, subs, now)
-            return
-        while q.available:
-            sub = pick(subs, q.rr_last)
-            if sub is None:
+        while True:
+            if not q.available or not q.subs:
+                q.matching.clear()
+                q.fresh.clear()
                 return
-            _, msg = q.available.peekitem(0)
-            self._lease(q, sub, msg, now)
+            subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
+            filters = [s.filter for s in subs if s.filter is not None]
+            barrier = q.first_barrier()
+            if any(f.uses_time for f in filters) or (barrier and q.priority is not None):
+                q.matching.clear()
+                q.fresh.clear()
+                sent = self._dispatch_walking(q, subs, barrier, now)
+            elif filters or barrier:
+                sent = self._dispatch_indexed(q, subs, barrier, now)
+            else:
+                while q.available and (sub := pick(subs, q.rr_last)) is not None:
+                    self._lease(q, sub, q.available.peekitem(0)[1], now)
+                return
+            if not sent:
+                return  # else a barrier went out: what waited behind it may go now
 
-    def _dispatch_indexed(self, q: QueueState, subs: list[Subscription], now: int) -> None:
-        """Filters without barriers: repeatedly the best available message some subscription
-        with room wants (each filter's index has its best at the head), to one of those
-        subscriptions by fairness. The same choices as walking the queue, at O(log n) each."""
+    def _dispatch_indexed(self, q: QueueState, subs: list[Subscription],
+                          barrier: Message | None, now: int) -> bool:
+        """Filters or a barrier, no clock: repeatedly the best available message some
+        subscription with room wants (each filter's index has its best at the head), to one
+        of those by fairness: the same choices as walking the queue, at O(log n) each. With
+        a barrier (no priority here, so the order is the arrival order) only what came
+        before it; then the barrier, if everything before it is finished. True when a
+        barrier was sent."""
         self._sync_matching(q, subs)
         pick = PICKERS[q.config.effective_fairness]
         while True:
@@ -68,14 +72,17 @@ class Dispatcher:
             sources = [q.available if s.filter is None else q.matching[s.filter.text]
                        for s in with_room]
             heads = [src.peekitem(0) for src in sources if src]
+            if barrier is not None:  # in arrival order: a head behind it has only such behind
+                heads = [head for head in heads if head[1].seq < barrier.seq]
             if not heads:
-                return
+                break
             order, msg = min(heads, key=lambda head: head[0])
             takers = [s for s, src in zip(with_room, sources, strict=True) if order in src]
             sub = pick(takers, q.rr_last)
             if sub is None:
-                return
+                break
             self._lease(q, sub, msg, now)  # the message leaves the available ones either way
+        return barrier is not None and self._send_barrier(q, barrier, subs, now)
 
     def _sync_matching(self, q: QueueState, subs: list[Subscription]) -> None:
         """Bring each filter's index up to date: messages made available since the last look
@@ -99,28 +106,30 @@ class Dispatcher:
                     (order, m) for order, m in q.available.items()
                     if (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
 
-    def _dispatch_filtered(self, q: QueueState, subs: list[Subscription], now: int) -> None:
+    def _dispatch_walking(self, q: QueueState, subs: list[Subscription],
+                          barrier: Message | None, now: int) -> bool:
         """In queue order, each message to a subscription with room whose filter it matches;
         a message nobody wants waits. This walks the available messages, O(available): it
-        serves queues holding a barrier, and filters that read the clock."""
+        serves filters that read the clock, and priority queues holding a barrier (where
+        what waits behind the barrier is spread through the order). True when a barrier
+        was sent."""
         pick = PICKERS[q.config.effective_fairness]
-        barrier = q.first_barrier()
         for msg in list(q.available.values()):
             if barrier is not None and msg.seq > barrier.seq:
                 continue  # held back until the barrier is sent
             if msg is barrier:
                 if self._send_barrier(q, barrier, subs, now):
-                    self._dispatch(q, now)  # what waited behind it may go now
-                    return
+                    return True
                 continue
             if not any(s.room > 0 for s in subs):
-                return
+                return False
             with_room = [s for s in subs if s.room > 0]
             doc = self.doc_of(q, msg, now) if any(s.filter for s in with_room) else None
             takers = [s for s in with_room if s.wants(doc)]
             sub = pick(takers, q.rr_last) if takers else None
             if sub is not None:
                 self._lease(q, sub, msg, now)
+        return False
 
     def _send_barrier(self, q: QueueState, barrier: Message, subs: list[Subscription],
                       now: int) -> bool:

@@ -12,10 +12,10 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict, SortedList
 
 from broker.config import QueueConfig
-from broker.engine.states import MessageState, next_state
+from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Transition
 from broker.errors import StateError
 from broker.expr import Doc, Expression, compile_expression
@@ -132,6 +132,10 @@ class QueueState:
         self.barrier = (compile_expression(config.barrier_expression)
                         if config.barrier_expression else None)
         self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
+        # Barrier queues: seqs of messages not finished (acked, removed or sent), so "is
+        # everything before this barrier finished" is a look at the first one
+        self.unfinished: SortedList | None = (SortedList() if config.barrier_expression
+                                              else None)
         # Per subscription filter (by text): the available messages it matches, in delivery
         # order, so a filtered subscription finds its next message without walking the
         # queue. Kept by the dispatcher: messages made available since it last looked wait
@@ -187,10 +191,11 @@ class QueueState:
         return self.barriers.peekitem(0)[1] if self.barriers else None
 
     def clear_before(self, barrier: Message) -> bool:
-        """Whether every message before the barrier is acknowledged or removed (this walks
-        the queue: barrier queues pay O(depth) per dispatch)."""
-        return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
-                       for m in self.messages.values())
+        """Whether every message before the barrier is acknowledged or removed."""
+        if self.unfinished is None:  # not a barrier queue: only tests ask
+            return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
+                           for m in self.messages.values())
+        return not self.unfinished or self.unfinished[0] >= barrier.seq
 
     def oldest_timestamp(self) -> int | None:
         live = [m.timestamp_ms for m in self.messages.values() if m.state is not MessageState.SENT]
@@ -245,6 +250,8 @@ class QueueState:
             self.read_upto[tp] = max(self.read_upto.get(tp, 0), t.bookmark.offset + 1)
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
+            if self.unfinished is not None:
+                self.unfinished.add(msg.seq)
             self._make_available(msg)
             for browser in self.browsers.values():
                 if msg.timestamp_ms >= browser.since_ms:
@@ -258,6 +265,9 @@ class QueueState:
         msg = found
         new_state = next_state(msg.state, ACTION_OF[t.kind])
         self._leave(msg)
+        if self.unfinished is not None and (new_state in TERMINAL
+                                            or new_state is MessageState.SENT):
+            self.unfinished.discard(msg.seq)
         msg.state = new_state
         msg.delivery_count = max(msg.delivery_count, t.delivery_count)
         msg.cancel_count = max(msg.cancel_count, t.cancel_count)
@@ -329,6 +339,8 @@ class QueueState:
         self.messages[msg.bookmark] = msg
         if msg.is_barrier:
             self.barriers[msg.seq] = msg
+        if self.unfinished is not None and msg.state is not MessageState.SENT:
+            self.unfinished.add(msg.seq)
         if msg.state is MessageState.AVAILABLE:
             self._make_available(msg)
         elif msg.deadline_ms is not None:

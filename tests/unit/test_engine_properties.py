@@ -33,9 +33,11 @@ QUEUES = {
     "FAST": queue("FAST", fairness="fast", leasing="permissive"),
     "PRIO": queue("PRIO", priority="/p", lease_period=Duration(3000),
                   barrier_expression="/kind = 'b'"),
+    "BAR": queue("BAR", lease_period=Duration(3000), barrier_expression="/kind = 'b'",
+                 max_per_subscription_backlog=3),
 }
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL"]
-KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO
+KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO and BAR
 
 
 class QueueMachine(RuleBasedStateMachine):
