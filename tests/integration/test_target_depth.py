@@ -25,8 +25,6 @@ def served(bootstrap, tmp_path):
         yield name, cfg, prefix, serve, tmp_path
 
 
-
-
 def test_only_the_active_part_is_queued_and_everything_arrives_in_order(bootstrap, served):
     name, cfg, prefix, _, _ = served
     bms = publish(bootstrap, name, [b'{"n": %d}' % i for i in range(20)])
@@ -81,8 +79,11 @@ def test_rss_and_rocksdb_stay_flat_while_a_million_messages_wait(bootstrap, serv
                     producer.poll(0.05)
         assert producer.flush(120) == 0
 
+    def depth() -> int:
+        return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]["depth"]
+
     produce(20_000)
-    wait_for(lambda: "3" in kq("queues", "--config", str(cfg), "--json").stdout, 30)
+    wait_for(lambda: depth() == 3, 30, "the active part to fill")  # and reading to stop
     rss_before, db_before = rss_kb(serve.proc.pid), dir_kb(tmp / "state")
     produce(total - 20_000)
     queues = json.loads(kq("queues", "--config", str(cfg), "--json").stdout)  # still answers
