@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from broker.config import QueueConfig
 from broker.engine import events as ev
+from broker.engine.acks import Acks
 from broker.engine.dispatch import Dispatcher
 from broker.engine.effects import (
     CommandRejected,
@@ -33,7 +34,7 @@ from broker.values import Bookmark
 DocLoader = Callable[[str, Bookmark], Doc | None]
 
 
-class Engine(Timers, Dispatcher):
+class Engine(Timers, Dispatcher, Acks):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000,
                  auth: dict[str, str] | None = None,
@@ -281,92 +282,6 @@ class Engine(Timers, Dispatcher):
                                         why.value, dc, cc))
         self._do(Transition(Kind.REMOVED, q.name, now, msg.bookmark, cancel_count=cc,
                             reason=why.value))
-
-    def _held_message(self, q: QueueState, client: str, bm: Bookmark,
-                      verb: str) -> tuple[Message | None, str | None]:
-        """The message `client` may act on, or the reason it may not."""
-        msg = q.messages.get(bm)
-        if msg is None:
-            return None, f"{verb} {bm}: not in queue {q.name} (already acked, removed or unknown)"
-        holder = self.subs.get(msg.holder) if msg.holder else None
-        if holder is not None and holder.client == client:
-            return msg, None
-        if q.config.leasing == "permissive" and any(
-            s.client == client for s in q.subs.values()
-        ):
-            return msg, None
-        if msg.state is MessageState.AVAILABLE:
-            return None, f"{verb} {bm}: not leased to {client} (it is available)"
-        return None, f"{verb} {bm}: leased to another subscriber (leasing is strict)"
-
-    def _ack(self, e: ev.Acked, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id, e.principal)
-        if q is None:
-            return
-        problems = []
-        for bm in e.bookmarks:
-            if bm not in q.messages and q.not_read_yet(bm):
-                if bm not in q.pending_acks:  # honoured when the message becomes active
-                    self._do(Transition(Kind.REMEMBERED, q.name, now, bm, client=e.client))
-                continue
-            msg, problem = self._held_message(q, e.client, bm, "ack")
-            if problem:
-                problems.append(problem)
-            elif msg is not None:
-                self._do(Transition(Kind.ACKED, q.name, now, bm, client=e.client))
-        if problems:
-            self._reject(e.client, e.request_id, "; ".join(problems))
-        elif e.request_id:
-            self._out.append(Reply(e.client, e.request_id, {"acked": len(e.bookmarks)}))
-
-    def _ack_where(self, e: ev.AckWhere, now: int) -> None:
-        """Ack every active message the expression matches that `client` may ack."""
-        q = self._queue(e.queue, e.client, e.request_id, e.principal)
-        if q is None:
-            return
-        try:
-            expr = compile_expression(e.expression)
-        except ExpressionError as exc:
-            self._reject(e.client, e.request_id, str(exc))
-            return
-        # strict: available messages and the client's own leases; permissive: any
-        permissive = q.config.leasing == "permissive"
-        own = {s.sub_id for s in q.subs.values() if s.client == e.client}
-        chosen = [
-            m for m in sorted(q.messages.values(), key=lambda m: m.seq)
-            if m.state is not MessageState.SENT
-            and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
-            and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
-        ]
-        for m in chosen:
-            self._do(Transition(Kind.ACKED, q.name, now, m.bookmark, client=e.client))
-        if e.request_id:
-            self._out.append(Reply(e.client, e.request_id, {"acked": len(chosen)}))
-
-    def _cancel(self, e: ev.Cancelled, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id, e.principal)
-        if q is None:
-            return
-        msg, problem = self._held_message(q, e.client, e.bookmark, "cancel")
-        if problem or msg is None:
-            self._reject(e.client, e.request_id, problem or "")
-        elif msg.state is MessageState.AVAILABLE:
-            self._reject(e.client, e.request_id, f"cancel {e.bookmark}: it is not leased")
-        else:
-            self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1)
-
-    def _expire(self, e: ev.ExpireRequested, now: int) -> None:
-        q = self._queue(e.queue, e.client, e.request_id, e.principal)
-        if q is None:
-            return
-        msg, problem = self._held_message(q, e.client, e.bookmark, "expire")
-        if problem or msg is None:
-            self._reject(e.client, e.request_id, problem or "")
-        elif msg.state is MessageState.SENT:
-            self._do(Transition(Kind.RELEASED, q.name, now, msg.bookmark,
-                                reason=Reason.EXPIRE_REQUESTED.value))
-        else:
-            self._remove(q, msg, now, Reason.EXPIRE_REQUESTED)
 
     def _configure(self, e: ev.Configured, now: int) -> None:
         """A new queue starts at its recovery point; a changed one starts again from it."""

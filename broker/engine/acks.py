@@ -1,0 +1,126 @@
+"""What a subscriber does with a message it was given: ack (by bookmark or by filter), cancel,
+expire. A part of the engine (its base class); `leasing` decides whose leases one may settle.
+"""
+
+from __future__ import annotations
+
+from broker.engine import events as ev
+from broker.engine.effects import Effect, Reply
+from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.states import MessageState
+from broker.engine.transitions import Kind, Reason, Transition
+from broker.errors import ExpressionError
+from broker.expr import Doc, compile_expression
+from broker.values import Bookmark
+
+
+class Acks:
+    subs: dict[str, Subscription]
+    _out: list[Effect]
+
+    def _do(self, t: Transition) -> Message | None:
+        raise NotImplementedError
+
+    def _reject(self, client: str, request_id: str, message: str) -> None:
+        raise NotImplementedError
+
+    def _queue(self, name: str, client: str, request_id: str,
+               principal: str | None = None) -> QueueState | None:
+        raise NotImplementedError
+
+    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
+        raise NotImplementedError
+
+    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
+                   cancel_count: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
+                cancel_count: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _held_message(self, q: QueueState, client: str, bm: Bookmark,
+                      verb: str) -> tuple[Message | None, str | None]:
+        """The message `client` may act on, or the reason it may not."""
+        msg = q.messages.get(bm)
+        if msg is None:
+            return None, f"{verb} {bm}: not in queue {q.name} (already acked, removed or unknown)"
+        holder = self.subs.get(msg.holder) if msg.holder else None
+        if holder is not None and holder.client == client:
+            return msg, None
+        if q.config.leasing == "permissive" and any(
+            s.client == client for s in q.subs.values()
+        ):
+            return msg, None
+        if msg.state is MessageState.AVAILABLE:
+            return None, f"{verb} {bm}: not leased to {client} (it is available)"
+        return None, f"{verb} {bm}: leased to another subscriber (leasing is strict)"
+
+    def _ack(self, e: ev.Acked, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
+        if q is None:
+            return
+        problems = []
+        for bm in e.bookmarks:
+            if bm not in q.messages and q.not_read_yet(bm):
+                if bm not in q.pending_acks:  # honoured when the message becomes active
+                    self._do(Transition(Kind.REMEMBERED, q.name, now, bm, client=e.client))
+                continue
+            msg, problem = self._held_message(q, e.client, bm, "ack")
+            if problem:
+                problems.append(problem)
+            elif msg is not None:
+                self._do(Transition(Kind.ACKED, q.name, now, bm, client=e.client))
+        if problems:
+            self._reject(e.client, e.request_id, "; ".join(problems))
+        elif e.request_id:
+            self._out.append(Reply(e.client, e.request_id, {"acked": len(e.bookmarks)}))
+
+    def _ack_where(self, e: ev.AckWhere, now: int) -> None:
+        """Ack every active message the expression matches that `client` may ack."""
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
+        if q is None:
+            return
+        try:
+            expr = compile_expression(e.expression)
+        except ExpressionError as exc:
+            self._reject(e.client, e.request_id, str(exc))
+            return
+        # strict: available messages and the client's own leases; permissive: any
+        permissive = q.config.leasing == "permissive"
+        own = {s.sub_id for s in q.subs.values() if s.client == e.client}
+        chosen = [
+            m for m in sorted(q.messages.values(), key=lambda m: m.seq)
+            if m.state is not MessageState.SENT
+            and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
+            and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
+        ]
+        for m in chosen:
+            self._do(Transition(Kind.ACKED, q.name, now, m.bookmark, client=e.client))
+        if e.request_id:
+            self._out.append(Reply(e.client, e.request_id, {"acked": len(chosen)}))
+
+    def _cancel(self, e: ev.Cancelled, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
+        if q is None:
+            return
+        msg, problem = self._held_message(q, e.client, e.bookmark, "cancel")
+        if problem or msg is None:
+            self._reject(e.client, e.request_id, problem or "")
+        elif msg.state is MessageState.AVAILABLE:
+            self._reject(e.client, e.request_id, f"cancel {e.bookmark}: it is not leased")
+        else:
+            self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1)
+
+    def _expire(self, e: ev.ExpireRequested, now: int) -> None:
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
+        if q is None:
+            return
+        msg, problem = self._held_message(q, e.client, e.bookmark, "expire")
+        if problem or msg is None:
+            self._reject(e.client, e.request_id, problem or "")
+        elif msg.state is MessageState.SENT:
+            self._do(Transition(Kind.RELEASED, q.name, now, msg.bookmark,
+                                reason=Reason.EXPIRE_REQUESTED.value))
+        else:
+            self._remove(q, msg, now, Reason.EXPIRE_REQUESTED)
