@@ -11,6 +11,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -70,10 +71,14 @@ class EmbeddedBroker:
         env = {k: v for k, v in os.environ.items() if k not in _CLEARED_ENV}
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        # Under the guard, holding the write end of its stdin: if this process dies, even by
+        # SIGKILL, the broker stops too instead of keeping the port.
         self._proc = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "broker.kafka.guard", str(tansu_binary()), "broker",
+             "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            env=env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while not port_open(self.host, self.port):
@@ -88,14 +93,17 @@ class EmbeddedBroker:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)  # it waits up to 5 s for connected clients to leave
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # it waits up to 5 s for connected clients to leave
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # the guard and the broker: their own group
+                proc.wait()
+        if proc.stdin is not None:
+            proc.stdin.close()
 
     def wait(self) -> int:
         assert self._proc is not None

@@ -3,6 +3,7 @@
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -165,6 +166,44 @@ def test_serve_on_the_embedded_broker_starts_again_after_a_stop(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     assert "cleared" in log.read_text()
+
+
+def test_a_killed_serve_does_not_leave_its_embedded_broker_behind(tmp_path):
+    from broker.kafka.embedded import free_port, port_open
+
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state")
+    port = free_port()
+    log = tmp_path / "serve.log"
+    for attempt in range(2):  # the second start finds the port free again
+        with open(log, "a") as out:
+            proc = subprocess.Popen([*KQ, "serve", "--config", str(cfg), "--broker-port",
+                                     str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(lambda: log.read_text().count("ready:") > attempt  # noqa: B023
+                 or proc.poll() is not None, 30, "kq serve on the embedded broker")  # noqa: B023
+        assert proc.poll() is None, log.read_text()
+        proc.kill()  # SIGKILL: no chance to stop the broker itself
+        proc.wait()
+        wait_for(lambda: not port_open("127.0.0.1", port), 15, "the orphaned broker to stop")
+
+
+def test_the_guard_passes_signals_on_and_follows_its_command(tmp_path):
+    guard = [sys.executable, "-m", "broker.kafka.guard"]
+    ended = subprocess.Popen([*guard, sys.executable, "-c", "raise SystemExit(3)"], cwd=ROOT,
+                             stdin=subprocess.PIPE)  # held open: we are alive
+    assert ended.wait(15) == 3  # the command ended by itself: so does the guard
+    marker = tmp_path / "stopped"
+    script = ("import signal, sys, time, pathlib\n"
+              "def bye(*_):\n"
+              f"    pathlib.Path({str(marker)!r}).write_text('TERM'); sys.exit(0)\n"
+              "signal.signal(signal.SIGTERM, bye)\n"
+              "print('up', flush=True)\n"
+              "time.sleep(60)\n")
+    proc = subprocess.Popen([*guard, sys.executable, "-c", script], cwd=ROOT,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert marker.read_text() == "TERM"  # the command was asked to stop, and did
 
 
 def test_a_kafka_setting_librdkafka_refuses_is_a_config_error(tmp_path):
