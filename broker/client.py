@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -35,6 +35,7 @@ __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 log = logging.getLogger("kq.client")
 
 ACK_BATCH = 200
+RECEIVED_KEPT = 10_000  # deliveries remembered to drop a copy sent again after a crash
 
 
 @dataclass
@@ -137,6 +138,7 @@ class QueueClient:
         self._consumer.assign([TopicPartition(self._deliver_topic, 0, start)])
         self._lock = threading.RLock()
         self._subs: dict[str, Subscription] = {}
+        self._received: OrderedDict[tuple[str, str, int], None] = OrderedDict()
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
         self._closed = threading.Event()
@@ -297,6 +299,14 @@ class QueueClient:
         sub = self._subs.get(env["sub_id"])
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
+        # After a crash the service sends its last leases again, not knowing whether they
+        # went out: a copy of one already received (same delivery count) is dropped.
+        key = (env["sub_id"], env["bookmark"], env["delivery_count"])
+        if key in self._received:
+            return
+        self._received[key] = None
+        if len(self._received) > RECEIVED_KEPT:
+            self._received.popitem(last=False)
         deadline = env["lease_deadline_ms"]
         sub._buffer.append(Message(
             queue=env["queue"], bookmark=env["bookmark"],

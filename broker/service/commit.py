@@ -9,9 +9,10 @@ may fall into any gap between them; recovery (`broker.service.recovery`) makes e
   2. JOURNAL    produce the batch's transitions and its input positions to PREFIX.journal,
                 split into parts; flush. The batch is committed once its last part is in Kafka.
                 Crash after: recovery replays the journal tail into RocksDB and resumes inputs
-                from the journaled positions. Deliveries of this batch were never sent: their
-                leases lapse and the messages are delivered again (at-most-once ones are lost,
-                never duplicated, as that mode promises).
+                from the journaled positions. Deliveries of this batch were never sent: its
+                leases are sent again at start (the client drops a copy it already has) and
+                browsers are shown its messages again; at-most-once messages are lost, never
+                duplicated, as that mode promises.
   3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>; flush.
                 Crash after: as after 2, but subscribers got their messages.
   4. STATE      write the state the batch touched, the input positions and the journal offset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -38,6 +38,9 @@ class Recovered:
     positions: dict[ReaderKey, int]
     next_batch: int
     replayed_batches: int
+    # Leases of the last journaled batch: its deliveries may not have gone out before the
+    # crash, so the service sends them again (the client drops a copy it already has).
+    unsent: list[Transition] = field(default_factory=list)
 
 
 def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
@@ -95,10 +98,14 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                 last = whole
                 cp.batch, cp.journal_offset = part["batch"] + 1, off
                 replayed += 1
+    unsent: list[Transition] = []
     if last is not None:
         # The crash may have come before this batch's deliveries were sent: browsers are
-        # shown its messages again (a duplicate copy rather than a lost one).
+        # shown its messages again, and its leases are delivered again (a duplicate copy
+        # rather than a lost one, or a lease nobody knows of until it lapses).
         _replay(engine, cp, last, skip=Kind.BROWSED)
+        unsent = [transition_from(row) for p in last for row in p["transitions"]
+                  if row["kind"] == Kind.LEASED.value]
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)
@@ -106,7 +113,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         positions.update(cp.positions)
         log.info("replayed %d journal batches (%d transitions) into the local state",
                  replayed, len(cp.transitions))
-    return Recovered(positions, cp.batch, replayed)
+    return Recovered(positions, cp.batch, replayed, unsent)
 
 
 def _replay(engine: Engine, cp: Checkpoint, batch: list[Part], skip: Kind | None = None) -> None:

@@ -30,7 +30,7 @@ from broker.engine.effects import (
     Resume,
 )
 from broker.engine.engine import Engine
-from broker.engine.transitions import Reason
+from broker.engine.transitions import Reason, Transition
 from broker.errors import CommandError, StateError
 from broker.expr import Doc
 from broker.kafka import clients
@@ -142,6 +142,7 @@ class Service:
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions)
             self._configure_queues()
+            self._send_again(rec.unsent)
             self.inputs.start()
             self.ready.set()
             log.info("ready: %d queue(s), %d batch(es) replayed from the journal",
@@ -169,6 +170,22 @@ class Service:
                         name, self.engine.queues[name].recovery_point)
             batch.cp.positions.update(self.inputs.rewind(name))
         self._commit(batch, records_in=0)
+
+    def _send_again(self, leases: list[Transition]) -> None:
+        """Deliver again the leases of the last batch before a crash that still stand."""
+        batch = _Batch()
+        for t in leases:
+            q = self.engine.queues.get(t.queue)
+            msg = q.messages.get(t.bookmark) if q and t.bookmark else None
+            sub = self.engine.subs.get(t.sub_id or "")
+            if (q is None or msg is None or sub is None or msg.holder != t.sub_id
+                    or msg.delivery_count != t.delivery_count):
+                continue  # settled, returned or leased anew since
+            self._deliver(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark,
+                                  msg.delivery_count, msg.deadline_ms), batch)
+        if batch.outbox:
+            log.info("sent %d lease(s) of the last batch again", len(batch.outbox.deliveries))
+            self._commit(batch, records_in=0)
 
     def _commit(self, batch: _Batch, records_in: int) -> None:
         self._committer.commit(batch.cp, batch.outbox)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from broker import wire
 from broker.client import QueueClient
 from tests.integration.kit import (
     ServeProcess,
@@ -16,7 +17,9 @@ from tests.integration.kit import (
     ensure_topic,
     kq,
     publish,
+    read_topic,
     uid,
+    wait_for,
     write_config,
 )
 
@@ -78,6 +81,41 @@ def test_crash_after_a_lease_is_journaled_keeps_the_delivery_count(bootstrap, se
             m.ack()
         finally:
             serve.stop()
+
+
+@pytest.mark.parametrize("step", [2, 3])
+def test_a_lease_whose_delivery_a_crash_may_have_cut_is_sent_again_and_seen_once(
+        bootstrap, setup, step):
+    name, cfg, prefix, serve = setup('lease_period = "1h"\n')  # a lapse would take an hour
+    serve.start(KQ_CRASH_AFTER_STEP=str(step), KQ_CRASH_ON_KIND="leased")
+    with QueueClient(bootstrap, topic_prefix=prefix) as c:
+        sub = c.subscribe(name)
+        (bm,) = publish(bootstrap, name, [b'{"n": 1}'])
+        assert serve.wait_exit() == SIGKILLED
+        got = drain(sub, 1, timeout=1) if step == 3 else []  # step 3: it went out
+        serve.start()
+        try:
+            got += drain(sub, 1) if step == 2 else []  # step 2: it comes now, not in an hour
+            assert [(m.bookmark, m.delivery_count) for m in got] == [(bm, 1)]
+            got[0].ack()
+            c.flush()
+            # the reply comes after the copy sent again at start: by now it was read
+            assert c.ack_where(name, "/n = 0") == 0
+            assert list(sub.messages(timeout=0)) == []  # and dropped, at step 3
+            copies = [r for r in read_topic(bootstrap, f"{prefix}.deliver.{c.name}", 99, 3)
+                      if bm_of(r) == str(bm)]
+            assert len(copies) == (2 if step == 3 else 1)
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 1)
+        finally:
+            serve.stop()
+
+
+def bm_of(record) -> str | None:
+    try:
+        env = wire.decode("envelope", record.value())
+    except ValueError:
+        return None
+    return env["bookmark"] if env["kind"] == "message" else None
 
 
 @pytest.mark.parametrize("step", [2, 3, 4])
