@@ -73,11 +73,17 @@ def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: floa
         raise KafkaUnavailableError(bootstrap, str(exc.args[0].str())) from None
 
 
-def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, int]:
-    """Every topic (internal ones excluded) and its number of partitions."""
+def topic_metadata(client: AdminClient, timeout: float = 10.0) -> dict[str, int | None]:
+    """Every topic (internal ones excluded) and its number of partitions; None for a topic
+    that exists but reports an error just now (e.g. while it has no leader)."""
     md = client.list_topics(timeout=timeout)
-    return {name: len(t.partitions) for name, t in md.topics.items()
-            if not name.startswith("__") and t.error is None}
+    return {name: (len(t.partitions) if t.error is None else None)
+            for name, t in md.topics.items() if not name.startswith("__")}
+
+
+def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, int]:
+    """Every usable topic (internal ones excluded) and its number of partitions."""
+    return {name: n for name, n in topic_metadata(client, timeout).items() if n is not None}
 
 
 def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1,

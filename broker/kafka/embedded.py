@@ -105,6 +105,18 @@ class EmbeddedBroker:
         if proc.stdin is not None:
             proc.stdin.close()
 
+    def kill(self) -> None:
+        """Crash it (SIGKILL to the broker and its guard): what tests use to lose its data."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            if proc.stdin is not None:
+                proc.stdin.close()
+        deadline = time.monotonic() + 10  # the broker, not our child, may take a moment
+        while port_open(self.host, self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def wait(self) -> int:
         assert self._proc is not None
         return self._proc.wait()

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from broker.engine.engine import Engine
+from broker.errors import StateError
 from broker.kafka import clients
 from broker.service.routing import Router
 from broker.state.layout import ReaderKey
@@ -34,11 +35,13 @@ IDLE_WAIT_S = 0.005  # when nothing is waiting: how long to wait on each consume
 class Inputs:
     def __init__(self, consumer: Consumer, commands: Consumer, admin: AdminClient,
                  router: Router, engine: Engine, command_topics: list[str],
-                 positions: dict[ReaderKey, int]) -> None:
+                 positions: dict[ReaderKey, int], required: tuple[str, ...] = ()) -> None:
         self._consumer, self._admin, self._router = consumer, admin, router
         self._commands = commands
         self._engine = engine
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
+        # kq's own topics, created at start: one missing later means Kafka lost its data
+        self.required = {*command_topics, *required}
         self.positions = positions
         self._assigned: set[tuple[str, int]] = set()
         self._last_refresh = 0.0
@@ -110,10 +113,17 @@ class Inputs:
             return
         self._last_refresh = time.monotonic()
         try:
-            topics = clients.topic_partitions(self._admin, timeout=5)
+            listed = clients.topic_metadata(self._admin, timeout=5)
         except Exception as exc:  # a slow metadata answer must not stop serving
             log.warning("could not list topics: %s", exc)
             return
+        topics = {t: n for t, n in listed.items() if n is not None}
+        missing = sorted(t for t in self.required if t not in listed)
+        if missing:
+            raise StateError(
+                f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
+                "the broker restarted empty?). Stopping before the local state diverges; "
+                "restart against the original cluster, or delete data_dir to start afresh.")
         new = [(t, p) for t, n in topics.items()
                if self._router.wanted(t) and t not in self.command_topics
                for p in range(n) if (t, p) not in self._assigned]

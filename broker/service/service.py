@@ -140,7 +140,8 @@ class Service:
                           self._committer.write_marker, now_ms())
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
-                                 self.engine, list(self._command_topics), rec.positions)
+                                 self.engine, list(self._command_topics), rec.positions,
+                                 required=(self.topics.journal,))
             self._configure_queues()
             self._send_again(rec.unsent)
             self.inputs.start()
