@@ -35,6 +35,7 @@ __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 log = logging.getLogger("kq.client")
 
 ACK_BATCH = 200
+OWN_TOPIC_NEEDED = "own command topic"  # in the service's refusal of a shared-topic command
 RECEIVED_KEPT = 10_000  # deliveries remembered to drop a copy sent again after a crash
 
 
@@ -121,13 +122,11 @@ class QueueClient:
         extra = dict(kafka_config or {})
         clients.check_reachable(bootstrap_servers, extra)
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
-        admin = clients.admin(bootstrap_servers, extra)
-        clients.ensure_topics(admin, [self._deliver_topic, f"{topic_prefix}.commands"])
-        # A service with [auth] keeps a command topic per principal (which Kafka ACLs can
-        # reserve for it) and believes the topic, not the record: use ours when it exists.
-        own = f"{topic_prefix}.commands.{self.principal}"
-        self._commands_topic = (own if own in clients.topic_partitions(admin)
-                                else f"{topic_prefix}.commands")
+        self._admin = clients.admin(bootstrap_servers, extra)
+        clients.ensure_topics(self._admin, [self._deliver_topic, f"{topic_prefix}.commands"])
+        self._commands_topic = f"{topic_prefix}.commands"
+        self._own_commands_topic = f"{topic_prefix}.commands.{self.principal}"
+        self._use_own_command_topic()
         # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
         # request in flight keeps commands in order just as well.
         self._producer = clients.producer(bootstrap_servers, extra, **{
@@ -269,9 +268,21 @@ class QueueClient:
         finally:
             self._waiting.discard(rid)
         error, body = self._replies.pop(rid)
+        if error is not None and OWN_TOPIC_NEEDED in error and self._use_own_command_topic():
+            return self._request(kind, **fields)  # the service created it after we started
         if error is not None:
             raise CommandError(error)
         return body
+
+    def _use_own_command_topic(self) -> bool:
+        """A service with [auth] keeps a command topic per principal (which Kafka ACLs can
+        reserve for it) and believes the topic, not the record: use ours when it exists.
+        True when this switched to it."""
+        own = self._own_commands_topic
+        if self._commands_topic == own or own not in clients.topic_partitions(self._admin):
+            return False
+        self._commands_topic = own
+        return True
 
     def _pump(self, timeout: float) -> None:
         """Read what the service sent and route it to subscriptions and waiting requests."""

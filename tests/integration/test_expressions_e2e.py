@@ -160,3 +160,22 @@ def test_the_command_topic_not_the_record_says_who_sent_a_command(bootstrap, ent
         s.principal = f"worker-{u}"
         with pytest.raises(CommandError, match="own command topic"):
             s.subscribe(f"PUB_{u}")
+
+
+def test_a_worker_started_before_the_service_finds_its_command_topic(bootstrap, tmp_path):
+    u = uid()
+    ensure_topic(bootstrap, f"PUB_{u}")
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [f"PUB_{u}"], tmp_path / "state",
+                       bootstrap)
+    cfg.write_text(cfg.read_text().replace("[[queue]]", f'[auth]\n"worker-{u}" = "^PUB_"\n'
+                                           "[[queue]]", 1))
+    with QueueClient(bootstrap, principal=f"worker-{u}", topic_prefix=f"kq{u}") as w:
+        assert w._commands_topic == f"kq{u}.commands"  # no service yet, no topic of its own
+        serve = ServeProcess(cfg, tmp_path / "serve.log").start()  # it creates the topic
+        try:
+            (bm,) = publish(bootstrap, f"PUB_{u}", [b'{"n": 1}'])
+            (m,) = drain(w.subscribe(f"PUB_{u}"), 1)  # refused on the shared topic, then not
+            assert m.bookmark == bm
+            assert w._commands_topic == f"kq{u}.commands.worker-{u}"
+        finally:
+            serve.stop()
