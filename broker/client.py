@@ -124,9 +124,10 @@ class QueueClient:
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
         self._admin = clients.admin(bootstrap_servers, extra)
         clients.ensure_topics(self._admin, [self._deliver_topic, f"{topic_prefix}.commands"])
+        # Commands start on the shared topic; a service with [auth] refuses them there, and
+        # the client moves to its principal's own topic (see _use_own_command_topic).
         self._commands_topic = f"{topic_prefix}.commands"
         self._own_commands_topic = f"{topic_prefix}.commands.{self.principal}"
-        self._use_own_command_topic()
         # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
         # request in flight keeps commands in order just as well.
         self._producer = clients.producer(bootstrap_servers, extra, **{
@@ -269,15 +270,15 @@ class QueueClient:
             self._waiting.discard(rid)
         error, body = self._replies.pop(rid)
         if error is not None and OWN_TOPIC_NEEDED in error and self._use_own_command_topic():
-            return self._request(kind, **fields)  # the service created it after we started
+            return self._request(kind, **fields)
         if error is not None:
             raise CommandError(error)
         return body
 
     def _use_own_command_topic(self) -> bool:
         """A service with [auth] keeps a command topic per principal (which Kafka ACLs can
-        reserve for it) and believes the topic, not the record: use ours when it exists.
-        True when this switched to it."""
+        reserve for it) and believes the topic, not the record: once it says so, use ours if
+        it exists. True when this switched to it."""
         own = self._own_commands_topic
         if self._commands_topic == own or own not in clients.topic_partitions(self._admin):
             return False

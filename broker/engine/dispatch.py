@@ -51,6 +51,8 @@ class Dispatcher:
             elif filters or barrier:
                 sent = self._dispatch_indexed(q, subs, barrier, now)
             else:
+                q.matching.clear()  # no filter needs them now: rebuilt when one comes
+                q.fresh.clear()
                 while q.available and (sub := pick(subs, q.rr_last)) is not None:
                     self._lease(q, sub, q.available.peekitem(0)[1], now)
                 return

@@ -60,6 +60,8 @@ class Engine(Timers, Dispatcher, Acks):
         self._out = []
         self._touched = set()
         client = getattr(event, "client", None)
+        if client is not None and self.auth is not None and not self._owned_by_sender(event):
+            return self._out
         if client is not None:
             self.last_seen[client] = now
             if client in self.unconfirmed:
@@ -91,9 +93,9 @@ class Engine(Timers, Dispatcher, Acks):
                 self._tick(now)
         for name in sorted(self._touched):
             q = self.queues[name]
-            self._dispatch(q, now)
-            if q.browsers:
+            if q.browsers:  # first: browsers see what consumers are about to take away
                 self._browse(q, now)
+            self._dispatch(q, now)
             if q.deferring and not q.full:
                 q.deferring = False
                 self._out.append(Resume(name))
@@ -147,6 +149,23 @@ class Engine(Timers, Dispatcher, Acks):
             self._reject(client, request_id, f"not entitled: {who!r} may not read queue {name!r}")
             return None
         return q
+
+    def _owned_by_sender(self, event: ev.Event) -> bool:
+        """Under [auth], a client with subscriptions belongs to the principal that made them:
+        a command naming it from anyone else (an ack of its leases, a close, a heartbeat
+        keeping it alive) is refused, so one principal cannot act as another's client."""
+        client: str = getattr(event, "client")  # noqa: B009 - every command names one
+        principal = getattr(event, "principal", None)
+        sender = client if principal is None else principal
+        owner = next((s.principal for s in self.subs.values()
+                      if s.client == client and s.principal is not None), None)
+        if owner is None or owner == sender:
+            return True
+        request_id = getattr(event, "request_id", "")
+        if request_id:
+            self._reject(client, request_id, f"not entitled: client {client!r} belongs to "
+                         f"principal {owner!r}")
+        return False
 
     def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
         """What expressions see of a queued message (with `now`: NOW() is that time)."""
@@ -211,14 +230,12 @@ class Engine(Timers, Dispatcher, Acks):
             self._reject(e.client, e.request_id, f"subscription id {e.sub_id!r} is taken")
             return
         if existing is None:
-            # a browser starts before every message it is to see: all of the queue, or
-            # those stamped within its replay period
-            since = 0 if e.replay_ms is None else now - e.replay_ms
             self._do(
                 Transition(
                     Kind.SUBSCRIBED, q.name, now, sub_id=e.sub_id, client=e.client,
                     max_backlog=e.max_backlog, filter=e.filter or None, browse=e.browse,
-                    timestamp_ms=since if e.browse else 0, seq=-1 if e.browse else 0,
+                    seq=q.browse_start(now - e.replay_ms if e.replay_ms is not None else None)
+                    if e.browse else 0, principal=e.principal,
                 )
             )
         sub = self.subs[e.sub_id]

@@ -35,6 +35,7 @@ class Unsubscribed:
     client: str
     sub_id: str
     request_id: str = ""
+    principal: str | None = None  # who asks (default: client)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +43,13 @@ class ClientClosed:
     """The client said goodbye: every subscription it holds ends now."""
 
     client: str
+    principal: str | None = None  # who asks (default: client)
 
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     client: str
+    principal: str | None = None  # who asks (default: client)
 
 
 @dataclass(frozen=True, slots=True)

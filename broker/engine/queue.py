@@ -84,12 +84,12 @@ class Subscription:
     cap: int  # min(max_backlog, max_per_subscription_backlog)
     held: set[Bookmark] = field(default_factory=set)
     filter: Expression | None = None
-    # A browser leases nothing: it is shown a copy of each message in arrival order. It
-    # sees messages stamped since_ms or later; cursor is the seq of the last one shown, and
-    # pending the messages still to show (each checked again when its turn comes).
+    # A browser leases nothing: it is shown a copy of each message in arrival order; cursor
+    # is the seq of the last one shown (or skipped), and pending the messages still to show
+    # (each checked again when its turn comes).
     browse: bool = False
-    since_ms: int = 0
     cursor: int = -1
+    principal: str | None = None  # under [auth]: the client's commands must come from it
     pending: deque[Message] = field(default_factory=deque)
 
     def wants(self, doc: Doc | None) -> bool:
@@ -182,6 +182,14 @@ class QueueState:
                 and self.config.topic_regex.search(bm.topic) is not None
                 and bm.offset >= self.read_upto.get((bm.topic, bm.partition), 0))
 
+    def browse_start(self, since_ms: int | None) -> int:
+        """A new browser's cursor: before the whole queue, or (with a replay period) before
+        the first queued message stamped since then; it then sees everything after that."""
+        if since_ms is None:
+            return -1
+        recent = [m.seq for m in self.messages.values() if m.timestamp_ms >= since_ms]
+        return min(recent) - 1 if recent else self.stats.next_seq - 1
+
     def subscription(self, sub_id: str) -> Subscription | None:
         """A consumer or a browser of this queue."""
         return self.subs.get(sub_id) or self.browsers.get(sub_id)
@@ -244,7 +252,9 @@ class QueueState:
                 raise StateError(f"{t.bookmark} is already queued in {self.name}")
             next_state(None, ACTION_OF[t.kind])
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
-            msg.priority, msg.is_barrier = t.priority, t.barrier
+            # a priority journaled under an earlier config that had one no longer counts
+            msg.priority = t.priority if self.priority is not None else None
+            msg.is_barrier = t.barrier
             self.messages[t.bookmark] = msg
             tp = (t.bookmark.topic, t.bookmark.partition)
             self.read_upto[tp] = max(self.read_upto.get(tp, 0), t.bookmark.offset + 1)
@@ -254,8 +264,7 @@ class QueueState:
                 self.unfinished.add(msg.seq)
             self._make_available(msg)
             for browser in self.browsers.values():
-                if msg.timestamp_ms >= browser.since_ms:
-                    browser.pending.append(msg)
+                browser.pending.append(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
             return msg
@@ -298,13 +307,12 @@ class QueueState:
         assert t.sub_id is not None and t.client is not None
         cap = min(t.max_backlog, self.config.max_per_subscription_backlog)
         sub = Subscription(t.sub_id, t.client, self.name, t.max_backlog, cap,
-                           filter=compile_expression(t.filter) if t.filter else None)
+                           filter=compile_expression(t.filter) if t.filter else None,
+                           principal=t.principal)
         if t.browse:
-            sub.browse, sub.cap, sub.since_ms, sub.cursor = True, 0, t.timestamp_ms, t.seq
-            sub.pending = deque(sorted(
-                (m for m in self.messages.values()
-                 if m.seq > t.seq and m.timestamp_ms >= t.timestamp_ms),
-                key=lambda m: m.seq))
+            sub.browse, sub.cap, sub.cursor = True, 0, t.seq
+            sub.pending = deque(sorted((m for m in self.messages.values() if m.seq > t.seq),
+                                       key=lambda m: m.seq))
             self.browsers[t.sub_id] = sub
             return
         sub.held = {
@@ -336,6 +344,8 @@ class QueueState:
 
     def restore(self, msg: Message) -> None:
         """Put back a message loaded from the store (recovery, not a transition)."""
+        if self.priority is None:
+            msg.priority = None  # stored under an earlier config that had a priority
         self.messages[msg.bookmark] = msg
         if msg.is_barrier:
             self.barriers[msg.seq] = msg

@@ -75,5 +75,5 @@ class Transition:
     filter: str | None = None  # SUBSCRIBED: the subscription's filter
     priority: float | None = None  # ENQUEUED: the value of the queue's priority expression
     barrier: bool = False  # ENQUEUED: the queue's barrier expression matched it
-    browse: bool = False  # SUBSCRIBED: a browser (sees copies, leases nothing); timestamp_ms:
-    # it sees messages from that time on (its replay period)
+    browse: bool = False  # SUBSCRIBED: a browser (copies, no leases); seq: where it starts
+    principal: str | None = None  # SUBSCRIBED: who subscribed, under [auth]

@@ -6,6 +6,7 @@ production uses Apache Kafka.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -55,6 +56,12 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the guard and the broker (they have a process group of their own)."""
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(pgid, signal.SIGKILL)
+
+
 class EmbeddedBroker:
     def __init__(self, port: int = 9092, host: str = "127.0.0.1", log_path: Path | None = None):
         self.host, self.port = host, port
@@ -84,6 +91,7 @@ class EmbeddedBroker:
         while not port_open(self.host, self.port):
             if self._proc.poll() is not None:
                 code = self._proc.returncode
+                self.stop()
                 raise EmbeddedBrokerError(f"the embedded broker exited with {code}")
             if time.monotonic() > deadline:
                 self.stop()
@@ -100,8 +108,10 @@ class EmbeddedBroker:
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # the guard and the broker: their own group
+                _kill_group(proc.pid)
                 proc.wait()
+        else:
+            _kill_group(proc.pid)  # the guard died alone: the broker may still run
         if proc.stdin is not None:
             proc.stdin.close()
 
@@ -109,7 +119,7 @@ class EmbeddedBroker:
         """Crash it (SIGKILL to the broker and its guard): what tests use to lose its data."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc.pid)
             proc.wait()
             if proc.stdin is not None:
                 proc.stdin.close()

@@ -58,11 +58,11 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
                                   c["filter"] or None, who, browse=c["mode"] == "browse",
                                   replay_ms=c["replay_period_ms"])]
         case "unsubscribe":
-            return [ev.Unsubscribed(client, c["sub_id"] or "", rid)]
+            return [ev.Unsubscribed(client, c["sub_id"] or "", rid, who)]
         case "close":
-            return [ev.ClientClosed(client)]
+            return [ev.ClientClosed(client, who)]
         case "heartbeat":
-            return [ev.Heartbeat(client)]
+            return [ev.Heartbeat(client, who)]
         case "ack":
             return [ev.Acked(client, queue, bookmarks, rid, who)]
         case "ack_where":

@@ -76,6 +76,7 @@ def transition_record(t: Transition) -> dict[str, Any]:
         "deadline_ms": t.deadline_ms, "reason": t.reason, "seq": t.seq,
         "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog, "filter": t.filter,
         "priority": t.priority, "barrier": t.barrier, "browse": t.browse,
+        "principal": t.principal,
     }
 
 

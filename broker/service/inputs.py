@@ -42,6 +42,7 @@ class Inputs:
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
         # kq's own topics, created at start: one missing later means Kafka lost its data
         self.required = {*command_topics, *required}
+        self._missing_before = False
         self.positions = positions
         self._assigned: set[tuple[str, int]] = set()
         self._last_refresh = 0.0
@@ -119,7 +120,9 @@ class Inputs:
             return
         topics = {t: n for t, n in listed.items() if n is not None}
         missing = sorted(t for t in self.required if t not in listed)
-        if missing:
+        # twice in a row: one broker of a cluster may not know a topic just created
+        self._missing_before, seen_missing_before = bool(missing), self._missing_before
+        if missing and seen_missing_before:
             raise StateError(
                 f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
                 "the broker restarted empty?). Stopping before the local state diverges; "

@@ -51,6 +51,7 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
         filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
+        principal=r["principal"],
     )
 
 

@@ -175,6 +175,7 @@ class Service:
     def _send_again(self, leases: list[Transition]) -> None:
         """Deliver again the leases of the last batch before a crash that still stand."""
         batch = _Batch()
+        now = now_ms()
         for t in leases:
             q = self.engine.queues.get(t.queue)
             msg = q.messages.get(t.bookmark) if q and t.bookmark else None
@@ -182,6 +183,8 @@ class Service:
             if (q is None or msg is None or sub is None or msg.holder != t.sub_id
                     or msg.delivery_count != t.delivery_count):
                 continue  # settled, returned or leased anew since
+            if msg.deadline_ms is not None and msg.deadline_ms <= now:
+                continue  # lapsed while the service was down: the first tick returns it
             self._deliver(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark,
                                   msg.delivery_count, msg.deadline_ms), batch)
         if batch.outbox:

@@ -157,8 +157,8 @@ class Checkpoint:
                         "sub_id": sub.sub_id, "client": sub.client, "queue": sub.queue,
                         "max_backlog": sub.max_backlog,
                         "filter": sub.filter.text if sub.filter else None,
-                        "browse": sub.browse, "since_ms": sub.since_ms,
-                        "cursor": sub.cursor}).encode()
+                        "browse": sub.browse, "cursor": sub.cursor,
+                        "principal": sub.principal}).encode()
         for bm in touched_payloads:
             if any(bm in q.messages for q in engine.queues.values()):
                 if bm in self.payloads:
@@ -196,8 +196,8 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         subs_by_queue.setdefault(s["queue"], []).append(Transition(
             Kind.SUBSCRIBED, s["queue"], now, sub_id=s["sub_id"], client=s["client"],
             max_backlog=s["max_backlog"], filter=s.get("filter"),
-            browse=s.get("browse", False), timestamp_ms=s.get("since_ms", 0),
-            seq=s.get("cursor", 0)))
+            browse=s.get("browse", False), seq=s.get("cursor", 0),
+            principal=s.get("principal")))
     for name, q in engine.queues.items():
         raw = store.get(queue_key(name))
         if raw:

@@ -150,10 +150,10 @@ def test_entitlements_refuse_subscribe_browse_and_ack_on_queues_a_principal_may_
 def test_the_command_topic_not_the_record_says_who_sent_a_command(bootstrap, entitled):
     u = entitled
     with QueueClient(bootstrap, principal=f"worker-{u}", topic_prefix=f"kq{u}") as w:
-        assert w._commands_topic == f"kq{u}.commands.worker-{u}"
         w.principal = f"auditor-{u}"  # a claim inside the record: not believed
         with pytest.raises(CommandError, match=f"'worker-{u}' may not read"):
             w.subscribe(f"SEC_{u}")
+        assert w._commands_topic == f"kq{u}.commands.worker-{u}"
     # no command topic of its own: the shared one vouches for nobody
     with QueueClient(bootstrap, principal=f"stranger-{u}", topic_prefix=f"kq{u}") as s:
         assert s._commands_topic == f"kq{u}.commands"

@@ -168,3 +168,28 @@ def test_a_restored_browser_goes_on_after_its_cursor():
     fresh.restore("Q", [Message(bm, i, h.now) for i, bm in enumerate(bms)], [stored], h.now)
     out = fresh.handle(ev.Heartbeat("b"), h.now)
     assert shown(out) == [bms[2]]
+
+
+def test_a_replay_browser_sees_every_later_arrival_whatever_its_timestamp():
+    h = Harness()
+    browse(h, replay_ms=1_000)
+    late = Bookmark("T", 0, 99)  # read late: stamped long before the browser came
+    out = h.handle(ev.MessageArrived("Q", late, h.now - 3_600_000))
+    assert shown(out) == [late]
+
+
+def test_a_browser_sees_what_consumers_take_at_once():
+    h = Harness(queue(barrier_expression="/flush = true"), queue("M", semantics="at-most-once"))
+    h.subscribe("w1", backlog=1)
+    h.subscribe("w2", queue="M", backlog=1)
+    browse(h)
+    browse(h, client="bm", queue="M")
+    e = h.engine
+    barrier = Bookmark("T", 0, 50)
+    out = e.handle(ev.MessageArrived("Q", barrier, h.now, doc=Doc({"flush": True}, {})), h.now)
+    assert [(d.client, d.is_barrier) for d in out if isinstance(d, Deliver)] == [
+        ("b", True), ("w1", True)]  # the barrier went out at once: the browser saw it first
+    before = len(h.effects)
+    (sent,) = h.publish(1, queue="M")
+    assert [d.client for d in h.effects[before:] if isinstance(d, Deliver)] == ["bm", "w2"]
+    assert sent not in [m.bookmark for m in e.queue("M").available.values()]

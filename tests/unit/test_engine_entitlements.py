@@ -50,3 +50,20 @@ def test_a_command_nobody_vouches_for_is_refused_on_an_entitled_queue():
     out = h.handle(ev.Subscribed("worker-1", "s1", "ORDERS_A", 1, "r", None, ""))
     assert rejected(out) == ["not entitled: queue 'ORDERS_A' takes commands only on the "
                              "sender's own command topic (PREFIX.commands.<principal>)"]
+
+
+def test_a_client_belongs_to_the_principal_that_subscribed_it():
+    h = entitled_harness()
+    bm = Bookmark("T", 0, 0)
+    h.handle(ev.MessageArrived("ORDERS_A", bm, h.now, 10, Doc({}, {})))
+    h.handle(ev.Subscribed("w1", "s1", "ORDERS_A", 1, "r", None, "worker-1"))
+    assert delivered(h.effects) == [("w1", bm, 1)]
+    # someone else naming that client: an ack of its lease, a close, a heartbeat
+    out = h.handle(ev.Acked("w1", "ORDERS_A", (bm,), "a", "auditor"))
+    assert rejected(out) == ["not entitled: client 'w1' belongs to principal 'worker-1'"]
+    h.handle(ev.ClientClosed("w1", ""))
+    assert "s1" in h.engine.subs and bm in h.engine.queue("ORDERS_A").messages
+    h.now += 5_000
+    h.handle(ev.Heartbeat("w1", ""))
+    assert h.engine.last_seen["w1"] == h.now - 5_000  # a forged heartbeat keeps nobody alive
+    assert rejected(h.handle(ev.Acked("w1", "ORDERS_A", (bm,), "a", "worker-1"))) == []

@@ -160,3 +160,32 @@ def test_a_filter_that_reads_the_clock_is_checked_again_as_time_passes():
     assert delivered(subscribe(h, "w1", "/due_s <= NOW()")) == []
     assert delivered(h.advance(4000)) == []
     assert [b for _, b, _ in delivered(h.advance(2000))] == [bm]
+
+
+def test_a_priority_from_an_earlier_config_no_longer_orders_the_queue():
+    from broker.engine.engine import Engine
+    from broker.engine.queue import Message
+    from broker.engine.transitions import Kind, Transition
+
+    fresh = Engine([queue(barrier_expression="/flush = true")], 10_000)  # no priority now
+    old = Message(Bookmark("T", 0, 0), 0, 0)
+    old.priority = 1.0  # stored when the queue had `priority`
+    fresh.restore("Q", [old], [], 0)
+    fresh.apply(Transition(Kind.ENQUEUED, "Q", 0, Bookmark("T", 0, 1), seq=1, priority=9.0))
+    fresh.apply(Transition(Kind.ENQUEUED, "Q", 0, Bookmark("T", 0, 2), seq=2, barrier=True))
+    out = fresh.handle(ev.Subscribed("w", "w-Q", "Q", 5, "r"), 0)
+    assert [d.bookmark.offset for d in out if hasattr(d, "sub_id")] == [0, 1]  # oldest first
+
+
+def test_filter_indexes_are_dropped_when_no_filtered_subscription_is_left():
+    h = Harness()
+    subscribe(h, "any", backlog=1)
+    send(h, {"sym": "MSFT"})
+    send(h, {"sym": "MSFT"})  # waits: "any" is full
+    subscribe(h, "f", "/sym = 'IBM'", backlog=1)
+    assert h.engine.queue("Q").matching != {}
+    h.handle(ev.Unsubscribed("f", "f-Q"))
+    for _ in range(50):
+        send(h, {"sym": "MSFT"})
+    q = h.engine.queue("Q")
+    assert (q.matching, q.fresh) == ({}, [])
