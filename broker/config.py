@@ -47,6 +47,7 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 NOT_SUPPORTED_YET = (
     "priority_levels",
     "sort_key",
+    "missing_sort_key",
     "lvq_key",
     "group_key",
     "group_mode",
@@ -59,6 +60,7 @@ NOT_SUPPORTED_YET = (
     "nondestructive",
     "redelivery_delay",
     "redelivery_backoff",
+    "max_redelivery_delay",
     "schema",
 )
 

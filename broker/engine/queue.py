@@ -16,7 +16,7 @@ from sortedcontainers import SortedDict, SortedList
 
 from broker.config import QueueConfig
 from broker.engine.states import TERMINAL, MessageState, next_state
-from broker.engine.transitions import ACTION_OF, Kind, Transition
+from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
 from broker.errors import StateError
 from broker.expr import Doc, Expression, compile_expression
 from broker.values import Bookmark
@@ -113,6 +113,11 @@ class QueueStats:
     delivered: int = 0
     removed: Counter[str] = field(default_factory=Counter)
     dead_lettered: int = 0
+
+
+# Removals that copy nothing to the dead-letter topic: a barrier leaves once sent, and a
+# reset starts the queue again from its recovery point.
+NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
 
 
 class QueueState:
@@ -299,7 +304,8 @@ class QueueState:
                 self.pending_acks.discard(msg.bookmark)
             else:  # removed by policy, or an at-most-once message released unacked
                 self.stats.removed[t.reason or "removed"] += 1
-                if t.kind is Kind.REMOVED and self.config.dead_letter_topic:
+                if (t.kind is Kind.REMOVED and self.config.dead_letter_topic
+                        and t.reason not in NOT_DEAD_LETTERED):
                     self.stats.dead_lettered += 1
         return msg
 

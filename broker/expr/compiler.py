@@ -181,11 +181,11 @@ class Compiler(Transformer):  # type: ignore[type-arg]
         def run(doc: Doc) -> Value:
             pair = _comparable(left(doc), right(doc))
             if pair is None:
-                return None
+                return False  # with NULL, or values of kinds that do not compare
             try:
                 return op(*pair)
             except TypeError:
-                return None
+                return False
         return run
 
     def like(self, items: list[Fn]) -> Fn:
@@ -195,14 +195,14 @@ class Compiler(Transformer):  # type: ignore[type-arg]
         def run(doc: Doc) -> Value:
             v, p = value(doc), pattern(doc)
             if not isinstance(v, str) or not isinstance(p, str):
-                return None
+                return False
             if p not in cache:
                 try:
                     cache[p] = re.compile(p)
                 except re.error:
                     cache[p] = None
             rx = cache[p]
-            return None if rx is None else rx.search(v) is not None
+            return rx is not None and rx.search(v) is not None
         return run
 
     def not_like(self, items: list[Fn]) -> Fn:
@@ -214,13 +214,8 @@ class Compiler(Transformer):  # type: ignore[type-arg]
 
         def run(doc: Doc) -> Value:
             v = value(doc)
-            if v is None:
-                return None
-            results = []
-            for o in options:
-                pair = _comparable(v, o(doc))
-                results.append(None if pair is None else pair[0] == pair[1])
-            return _or(results)
+            return any((pair := _comparable(v, o(doc))) is not None and pair[0] == pair[1]
+                       for o in options)
         return run
 
     def not_in(self, items: list[Fn]) -> Fn:

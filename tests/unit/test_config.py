@@ -47,6 +47,8 @@ def test_at_most_once_defaults_to_round_robin():
     (q(barrier_expression="/b ="), ["queue 'ORDERS'", "'barrier_expression'", "column"]),
     (q(priority="/p = "), ["queue 'ORDERS'", "'priority'", "column 6"]),
     (q(lvq_key="/k"), ["not supported yet: lvq_key"]),
+    (q(missing_sort_key="last"), ["not supported yet: missing_sort_key"]),
+    (q(max_redelivery_delay="1m"), ["not supported yet: max_redelivery_delay"]),
     (q(recovery_point="yesterday"), ["'recovery_point'", "ISO-8601"]),
     (q(semantics="sometimes"), ["'semantics'"]),
     (q(max_deliveries=-1), ["'max_deliveries'"]),

@@ -94,3 +94,19 @@ def test_a_barrier_waits_for_a_subscriber_and_unparseable_payloads_are_not_barri
     out = sub(h, "w1")
     assert barriers_to(out) == [("w1", bar)]
     assert ("w1", Bookmark("T", 0, 99), 1) in delivered(out)
+
+
+def test_a_sent_barrier_is_not_counted_as_dead_lettered():
+    from broker.engine import events as ev
+    from broker.engine.effects import DeadLetter
+    from broker.expr import Doc
+    from broker.values import Bookmark
+    from tests.unit.harness import Harness, queue
+
+    h = Harness(queue(barrier_expression="/b = true", dead_letter_topic="DLQ"))
+    h.subscribe("w1")
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 0), h.now, doc=Doc({"b": True}, {})))
+    stats = h.engine.queue("Q").stats
+    assert stats.removed["barrier-sent"] == 1
+    assert stats.dead_lettered == 0
+    assert not any(isinstance(e, DeadLetter) for e in h.effects)

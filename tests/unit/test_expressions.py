@@ -17,7 +17,7 @@ TABLE = [
     ("/sym = 'IBM'", True), ("/sym != 'IBM'", False), ("/sym <> 'MSFT'", True),
     ("/px > 10", True), ("/px >= 10.5", True), ("/px < 10.5", False), ("/qty <= 3", True),
     ("/qty = 3.0", True), ("/qty = '3'", True), ("/sym > 'ABC'", True),
-    ("/sym = 3", None), ("/ok = true", True), ("/ok = false", False),
+    ("/sym = 3", False), ("/ok = true", True), ("/ok = false", False),
     # arithmetic
     ("/px * /qty", 31.5), ("/qty + 1", 4), ("/qty - 5", -2), ("/qty / 2", 1.5),
     ("/qty % 2", 1), ("/qty / 0", None), ("-/qty", -3), ("/sym + 1", None),
@@ -25,14 +25,14 @@ TABLE = [
     # logic, with SQL's three values
     ("/sym = 'IBM' AND /qty = 3", True), ("/sym = 'IBM' AND /qty = 4", False),
     ("/sym = 'X' OR /qty = 3", True), ("NOT /sym = 'IBM'", False),
-    ("/missing = 1", None), ("NOT /missing = 1", None), ("/missing = 1 OR /qty = 3", True),
-    ("/missing = 1 AND /qty = 4", False), ("/missing = 1 AND /qty = 3", None),
+    ("/missing = 1", False), ("NOT /missing = 1", True), ("/missing = 1 OR /qty = 3", True),
+    ("/missing = 1 AND /qty = 4", False), ("/missing = 1 AND /qty = 3", False),
     ("/ok", True), ("not /ok", False),
     # LIKE (a regular expression), IN, BETWEEN, IS NULL
     ("/sym LIKE '^I.M$'", True), ("/sym LIKE 'X'", False), ("/sym NOT LIKE 'X'", True),
-    ("/missing LIKE 'X'", None), ("/sym IN ('MSFT', 'IBM')", True),
+    ("/missing LIKE 'X'", False), ("/sym IN ('MSFT', 'IBM')", True),
     ("/sym IN ('MSFT')", False), ("/sym NOT IN ('MSFT')", True), ("/qty IN (1, 2, 3)", True),
-    ("/missing IN (1)", None), ("/px BETWEEN 10 AND 11", True),
+    ("/missing IN (1)", False), ("/px BETWEEN 10 AND 11", True),
     ("/px BETWEEN 11 AND 12", False), ("/px NOT BETWEEN 11 AND 12", True),
     ("/note IS NULL", True), ("/missing IS NULL", True), ("/sym IS NOT NULL", True),
     ("/sym IS NULL", False),
@@ -78,9 +78,10 @@ def test_filters_match_only_true_and_priorities_are_numbers_or_none():
     assert compile_expression("/ok").number(ORDER) is None  # booleans are not numbers
 
 
-def test_an_unparseable_payload_is_null_everywhere():
+def test_a_payload_without_data_gives_null_paths_and_false_comparisons():
     nothing = Doc(data=None, headers={})
-    assert compile_expression("/a = 1").evaluate(nothing) is None
+    assert compile_expression("/a").evaluate(nothing) is None
+    assert compile_expression("/a = 1").evaluate(nothing) is False
     assert compile_expression("/a IS NULL").evaluate(nothing) is True
 
 
