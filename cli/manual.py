@@ -27,7 +27,7 @@ def publish(
     payload: Annotated[str, typer.Argument(help="The message: a JSON document.")],
     key: Annotated[str | None, typer.Option(help="Record key.")] = None,
     header: Annotated[list[str] | None, typer.Option(
-        help="NAME=VALUE, repeatable (e.g. kq-expiration=5000).")] = None,
+        help="NAME=VALUE, repeatable (e.g. region=EU).")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """Publish one JSON message to a topic with a plain Kafka producer; print its bookmark."""
