@@ -1,4 +1,11 @@
-"""Avro encoding of every record kq writes (schemas in `schemas/`), parsed once."""
+"""Avro encoding of every record kq writes (schemas in `schemas/`), parsed once.
+
+Each record starts with the Avro single-object marker and the fingerprint of the schema it was
+written with, so a later kq whose schema gained fields still reads it: the writer's version is
+looked up among the current schema and the released ones kept in `schemas/history/` (named
+`NAME.*.avsc`), and fastavro resolves it to the current one (new fields take their defaults).
+Records written before versions were marked (no marker) are read with the current schema.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 _SOURCE_TREE = Path(__file__).resolve().parent.parent / "schemas"
+MARKER = b"\xc3\x01"  # cannot start an unmarked kq record: all begin with a small enum/long
+_HEADER = len(MARKER) + 8
 
 
 def _schema_dir() -> Path:
     if _SOURCE_TREE.is_dir():
         return _SOURCE_TREE
     return Path(str(resources.files("broker") / "_schemas"))  # installed wheel
+
+
+def _fingerprint_of(parsed: Any) -> bytes:
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
 
 
 @cache
@@ -27,16 +41,42 @@ def schema(name: str) -> Any:
         return fastavro.parse_schema(json.load(f))
 
 
+@cache
+def _header(name: str) -> bytes:
+    return MARKER + _fingerprint_of(schema(name))
+
+
+@cache
+def versions(name: str) -> dict[bytes, Any]:
+    """Every schema version of `name` this kq can read, by fingerprint."""
+    known = {_fingerprint_of(schema(name)): schema(name)}
+    for path in sorted((_schema_dir() / "history").glob(f"{name}.*.avsc")):
+        with open(path) as f:
+            old = fastavro.parse_schema(json.load(f))
+        known.setdefault(_fingerprint_of(old), old)
+    return known
+
+
 def encode(name: str, record: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
+    buf.write(_header(name))
     fastavro.schemaless_writer(buf, schema(name), record)
     return buf.getvalue()
 
 
 def decode(name: str, data: bytes) -> dict[str, Any]:
     """Decode one record; raise ValueError on bytes that are not a valid record."""
+    writer, body = schema(name), data
+    if data[:len(MARKER)] == MARKER and len(data) >= _HEADER:
+        found = versions(name).get(data[len(MARKER):_HEADER])
+        if found is None:
+            raise ValueError(f"not a {name} record this kq can read: written with a schema "
+                             f"version it does not know (fingerprint "
+                             f"{data[len(MARKER):_HEADER].hex()}; by a newer kq?)")
+        writer, body = found, data[_HEADER:]
+    reader = None if writer is schema(name) else schema(name)
     try:
-        record = fastavro.schemaless_reader(io.BytesIO(data), schema(name), None)
+        record = fastavro.schemaless_reader(io.BytesIO(body), writer, reader)
     except Exception as exc:  # fastavro raises several unrelated types on bad input
         raise ValueError(f"not a valid {name} record: {exc}") from None
     assert isinstance(record, dict)
