@@ -54,3 +54,12 @@ def test_a_record_of_an_unknown_schema_version_is_refused_with_the_reason():
     data = wire.MARKER + b"\x01" * 8 + b"\x00"
     with pytest.raises(ValueError, match="schema version it does not know.*newer kq"):
         wire.decode("command", data)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in wire._schema_dir().glob("*.avsc")))
+def test_every_current_schema_is_kept_among_the_released_versions(name):
+    # so the version written today can be read after the next change of the schema
+    current = wire._fingerprint_of(wire.schema(name))
+    kept = {wire._fingerprint_of(fastavro.parse_schema(json.loads(p.read_text())))
+            for p in (wire._schema_dir() / "history").glob(f"{name}.*.avsc")}
+    assert current in kept, f"copy schemas/{name}.avsc to schemas/history/{name}.N.avsc"
