@@ -67,3 +67,53 @@ def test_a_client_belongs_to_the_principal_that_subscribed_it():
     h.handle(ev.Heartbeat("w1", ""))
     assert h.engine.last_seen["w1"] == h.now - 5_000  # a forged heartbeat keeps nobody alive
     assert rejected(h.handle(ev.Acked("w1", "ORDERS_A", (bm,), "a", "worker-1"))) == []
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PRINCIPALS = ["worker-1", "worker-2", "auditor", ""]
+AUTH = {"worker-1": "^ORDERS_", "worker-2": "^ORDERS_", "auditor": "^SECRET$"}
+CLIENTS = ["w1", "w2"]
+ACTIONS = st.lists(st.tuples(
+    st.sampled_from(["publish", "subscribe", "ack", "cancel", "close", "ack_where"]),
+    st.sampled_from(CLIENTS), st.sampled_from(PRINCIPALS),
+    st.sampled_from(["ORDERS_A", "SECRET"]), st.integers(0, 2)), max_size=40)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ACTIONS)
+def test_no_principal_ever_settles_what_it_may_not(actions):
+    """Whatever anyone sends, under any name: an ack or cancel takes effect only for a
+    principal entitled to the queue, and a lease is only ever settled by its own principal."""
+    from broker.engine.effects import Journal
+    from broker.engine.transitions import Kind
+
+    h = Harness(queue("ORDERS_A"), queue("SECRET"))
+    e = h.engine = Engine([q.config for q in h.engine.queues.values()], 10_000, auth=AUTH)
+    allowed = {p: pattern.strip("^$") for p, pattern in AUTH.items()}
+    holder_principal: dict[Bookmark, str | None] = {}
+    for n, (kind, client, principal, qname, i) in enumerate(actions):
+        bm = Bookmark(qname, 0, i)
+        event = {
+            "publish": ev.MessageArrived(qname, bm, h.now, 10, Doc({"i": i}, {})),
+            "subscribe": ev.Subscribed(client, f"{client}-{qname}", qname, 2, f"r{n}", None,
+                                       principal),
+            "ack": ev.Acked(client, qname, (bm,), f"r{n}", principal),
+            "cancel": ev.Cancelled(client, qname, bm, f"r{n}", principal),
+            "close": ev.ClientClosed(client, principal),
+            "ack_where": ev.AckWhere(client, qname, "/i >= 0", f"r{n}", principal),
+        }[kind]
+        for effect in h.handle(event):
+            if not isinstance(effect, Journal):
+                continue
+            t = effect.transition
+            if t.kind is Kind.LEASED:
+                holder_principal[t.bookmark] = e.subs[t.sub_id].principal
+            if t.kind in (Kind.ACKED, Kind.RETURNED) and kind != "publish":
+                if kind != "close":  # leaving needs no entitlement; settling does
+                    assert principal in allowed and t.queue.startswith(allowed[principal])
+                owner = holder_principal.get(t.bookmark)
+                assert owner in (None, principal), f"{principal!r} settled {owner!r}'s lease"
+            if t.kind in (Kind.ACKED, Kind.RETURNED, Kind.REMOVED):
+                holder_principal.pop(t.bookmark, None)
