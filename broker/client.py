@@ -138,7 +138,7 @@ class QueueClient:
         self._consumer.assign([TopicPartition(self._deliver_topic, 0, start)])
         self._lock = threading.RLock()
         self._subs: dict[str, Subscription] = {}
-        self._received: OrderedDict[tuple[str, str, int], None] = OrderedDict()
+        self._received: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
         self._closed = threading.Event()
@@ -312,8 +312,9 @@ class QueueClient:
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
         # After a crash the service sends its last leases again, not knowing whether they
-        # went out: a copy of one already received (same delivery count) is dropped.
-        key = (env["sub_id"], env["bookmark"], env["delivery_count"])
+        # went out: a copy of one already received (same message, same delivery count) is
+        # dropped. The queue's arrival number tells a bookmark enqueued again apart.
+        key = (env["sub_id"], env["bookmark"], env["seq"], env["delivery_count"])
         if key in self._received:
             return
         self._received[key] = None

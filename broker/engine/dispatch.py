@@ -143,7 +143,7 @@ class Dispatcher:
         for sub in subs:
             if sub.wants(doc):
                 self._out.append(Deliver(sub.client, sub.sub_id, q.name, barrier.bookmark, 1,
-                                         None, is_barrier=True))
+                                         None, is_barrier=True, seq=barrier.seq))
         self._do(Transition(Kind.REMOVED, q.name, now, barrier.bookmark, delivery_count=1,
                             reason=Reason.BARRIER_SENT.value))
         return True
@@ -163,7 +163,7 @@ class Dispatcher:
                     continue  # finished (or, at-most-once, gone) before its turn came
                 if b.filter is None or b.wants(self.doc_of(q, msg, now)):
                     self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
-                                             msg.delivery_count, None, msg.is_barrier))
+                                             msg.delivery_count, None, msg.is_barrier, msg.seq))
             self._do(Transition(Kind.BROWSED, q.name, now, sub_id=b.sub_id, client=b.client,
                                 seq=shown))
 
@@ -181,5 +181,5 @@ class Dispatcher:
         self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
                             client=sub.client, delivery_count=dc, deadline_ms=deadline))
         self._out.append(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark, dc,
-                                 None if at_most_once else deadline))
+                                 None if at_most_once else deadline, seq=msg.seq))
 

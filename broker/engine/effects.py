@@ -25,6 +25,7 @@ class Deliver:
     delivery_count: int
     lease_deadline_ms: int | None
     is_barrier: bool = False
+    seq: int = -1  # the message's arrival in the queue: tells a re-enqueued bookmark apart
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,7 +186,7 @@ class Service:
             if msg.deadline_ms is not None and msg.deadline_ms <= now:
                 continue  # lapsed while the service was down: the first tick returns it
             self._deliver(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark,
-                                  msg.delivery_count, msg.deadline_ms), batch)
+                                  msg.delivery_count, msg.deadline_ms, seq=msg.seq), batch)
         if batch.outbox:
             log.info("sent %d lease(s) of the last batch again", len(batch.outbox.deliveries))
             self._commit(batch, records_in=0)
@@ -323,7 +323,7 @@ class Service:
         env = wire.encode("envelope", {
             "kind": "message", "request_id": "", "sub_id": d.sub_id, "queue": d.queue,
             "bookmark": str(d.bookmark), "delivery_count": d.delivery_count,
-            "lease_deadline_ms": d.lease_deadline_ms, "is_barrier": d.is_barrier,
+            "lease_deadline_ms": d.lease_deadline_ms, "is_barrier": d.is_barrier, "seq": d.seq,
             "format": self.engine.queues[d.queue].config.format, "key": p.key, "value": p.value,
             "headers": [{"key": k, "value": v} for k, v in p.headers],
             "timestamp_ms": p.timestamp_ms, "body": None, "error": None,
