@@ -5,40 +5,17 @@ expire. A part of the engine (its base class); `leasing` decides whose leases on
 from __future__ import annotations
 
 from broker.engine import events as ev
-from broker.engine.effects import Effect, Reply
-from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.effects import Reply
+from broker.engine.part import EnginePart
+from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.errors import ExpressionError
-from broker.expr import Doc, compile_expression
+from broker.expr import compile_expression
 from broker.values import Bookmark
 
 
-class Acks:
-    subs: dict[str, Subscription]
-    _out: list[Effect]
-
-    def _do(self, t: Transition) -> Message | None:
-        raise NotImplementedError
-
-    def _reject(self, client: str, request_id: str, message: str) -> None:
-        raise NotImplementedError
-
-    def _queue(self, name: str, client: str, request_id: str,
-               principal: str | None = None) -> QueueState | None:
-        raise NotImplementedError
-
-    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
-        raise NotImplementedError
-
-    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
-                   cancel_count: int | None = None) -> None:
-        raise NotImplementedError
-
-    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
-                cancel_count: int | None = None) -> None:
-        raise NotImplementedError
-
+class Acks(EnginePart):
     def _held_message(self, q: QueueState, client: str, bm: Bookmark,
                       verb: str) -> tuple[Message | None, str | None]:
         """The message `client` may act on, or the reason it may not."""

@@ -7,32 +7,19 @@ from __future__ import annotations
 
 from sortedcontainers import SortedDict
 
-from broker.engine.effects import Deliver, Effect
+from broker.engine.effects import Deliver
 from broker.engine.fairness import PICKERS
+from broker.engine.part import EnginePart
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
-from broker.expr import Doc
 
 # Copies one browser is sent per engine step: a browser of a deep queue is caught up over
 # several batches instead of one huge one.
 BROWSE_BATCH = 500
 
 
-class Dispatcher:
-    unconfirmed: set[str]
-    _out: list[Effect]
-
-    def _do(self, t: Transition) -> Message | None:
-        raise NotImplementedError
-
-    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
-        raise NotImplementedError
-
-    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
-                cancel_count: int | None = None) -> None:
-        raise NotImplementedError
-
+class Dispatcher(EnginePart):
     def _dispatch(self, q: QueueState, now: int) -> None:
         """Hand available messages, oldest first, to subscriptions with room."""
         pick = PICKERS[q.config.effective_fairness]

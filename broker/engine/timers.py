@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import heapq
 
-from broker.engine.queue import Message, QueueState
+from broker.engine.part import EnginePart
+from broker.engine.queue import QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Reason
 
@@ -15,23 +16,7 @@ from broker.engine.transitions import Reason
 CLOCK_RECHECK_MS = 100
 
 
-class Timers:
-    queues: dict[str, QueueState]
-    last_seen: dict[str, int]
-    heartbeat_timeout_ms: int
-    _touched: set[str]
-
-    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
-        raise NotImplementedError
-
-    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
-                   cancel_count: int | None = None) -> None:
-        raise NotImplementedError
-
-    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
-                cancel_count: int | None = None) -> None:
-        raise NotImplementedError
-
+class Timers(EnginePart):
     def _tick(self, now: int) -> None:
         for q in self.queues.values():
             self._lapse_leases(q, now)

@@ -1,0 +1,46 @@
+"""What the parts of the engine (timers, dispatch, acks) may use of the whole.
+
+`Engine` inherits its parts; each part states here, once, the state and the engine methods it
+relies on, so every part type-checks alone and the Engine's definitions fill them in.
+"""
+
+from __future__ import annotations
+
+from broker.engine.effects import Effect
+from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.transitions import Reason, Transition
+from broker.expr import Doc
+
+
+class EnginePart:
+    queues: dict[str, QueueState]
+    subs: dict[str, Subscription]
+    last_seen: dict[str, int]
+    unconfirmed: set[str]
+    heartbeat_timeout_ms: int
+    _out: list[Effect]
+    _touched: set[str]
+
+    def _do(self, t: Transition) -> Message | None:
+        raise NotImplementedError
+
+    def _reject(self, client: str, request_id: str, message: str) -> None:
+        raise NotImplementedError
+
+    def _queue(self, name: str, client: str, request_id: str,
+               principal: str | None = None) -> QueueState | None:
+        raise NotImplementedError
+
+    def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
+        raise NotImplementedError
+
+    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
+        raise NotImplementedError
+
+    def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
+                   cancel_count: int | None = None) -> None:
+        raise NotImplementedError
+
+    def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
+                cancel_count: int | None = None) -> None:
+        raise NotImplementedError
