@@ -10,7 +10,7 @@ from lark import Lark
 from lark.exceptions import UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from broker.errors import ExpressionError
-from broker.expr.compiler import Compiler, Doc, Fn
+from broker.expr.compiler import Compiler, Doc, Fn, as_number
 from broker.expr.grammar import GRAMMAR
 
 __all__ = ["Doc", "Expression", "compile_expression"]
@@ -35,9 +35,10 @@ class Expression:
         return self._fn(doc) is True
 
     def number(self, doc: Doc) -> float | None:
-        """As a priority: the numeric value, or None (lowest) when it is not a number."""
-        v = self._fn(doc)
-        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+        """As a priority or sort key: the numeric value (a string that reads as a number
+        counts as one), or None (lowest) when it is not a number."""
+        v = as_number(self._fn(doc))
+        return None if v is None else float(v)
 
 
 @lru_cache(maxsize=1024)

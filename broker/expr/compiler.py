@@ -34,22 +34,32 @@ def _is_number(v: Value) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+# What "reads as a number" means: a plain decimal, as a producer writes one into a header.
+# Not Python's float(): that also takes "nan", "inf" and "1_000".
+_NUMERIC = re.compile(r"\s*[+-]?(?:\d+(?P<frac>\.\d*)?|(?P<dot>\.\d+))(?P<exp>[eE][+-]?\d+)?\s*",
+                      re.ASCII)
+
+
+def as_number(v: Value) -> int | float | None:
+    """A number, or a string that reads as one, as that number; anything else None.
+
+    Every header value is a string, so `header('prio') * 1` and a priority or sort key of
+    `header('prio')` need this to mean what their writer meant.
+    """
+    if _is_number(v):
+        return v  # type: ignore[no-any-return]
+    if isinstance(v, str) and (m := _NUMERIC.fullmatch(v)) is not None:
+        return float(v) if m["frac"] or m["dot"] or m["exp"] else int(v)
+    return None
+
+
 def _comparable(a: Value, b: Value) -> tuple[Value, Value] | None:
     """Both sides as values of one kind, or None when they cannot be compared."""
     if a is None or b is None:
         return None
-    if _is_number(a) and _is_number(b):
-        return a, b
-    if _is_number(a) and isinstance(b, str):
-        try:
-            return a, float(b)
-        except ValueError:
-            return None
-    if isinstance(a, str) and _is_number(b):
-        try:
-            return float(a), b
-        except ValueError:
-            return None
+    if _is_number(a) or _is_number(b):
+        x, y = as_number(a), as_number(b)
+        return None if x is None or y is None else (x, y)
     if type(a) is type(b):
         return a, b
     return None
@@ -62,7 +72,8 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
 
 
 def _arith(op: str, a: Value, b: Value) -> Value:
-    if not (_is_number(a) and _is_number(b)):
+    a, b = as_number(a), as_number(b)
+    if a is None or b is None:
         return None
     if op in "/%" and b == 0:
         return None
@@ -93,7 +104,8 @@ def _truth(v: Value) -> Value:
 
 
 def _round(x: Value, digits: Value = 0) -> Value:
-    if not _is_number(x) or not _is_number(digits):
+    x, digits = as_number(x), as_number(digits)
+    if x is None or digits is None:
         return None
     return round(x, int(digits)) if digits else float(math.floor(x + 0.5))
 
@@ -103,7 +115,7 @@ _FUNCTIONS: dict[str, Callable[..., Value]] = {
     "LOWER": lambda s: s.lower() if isinstance(s, str) else None,
     "LENGTH": lambda s: len(s) if isinstance(s, str | list) else None,
     "COALESCE": lambda *vs: next((v for v in vs if v is not None), None),
-    "ABS": lambda x: abs(x) if _is_number(x) else None,
+    "ABS": lambda x: None if (n := as_number(x)) is None else abs(n),
     "ROUND": _round,
 }
 

@@ -82,6 +82,29 @@ def test_priorities_and_filters_survive_a_restart(bootstrap, served):
     assert [m.data["urgency"] for m in got] == [7, 3, 1]
 
 
+@pytest.mark.parametrize("priority", ["header('prio') * 1", "header('prio')"])
+def test_a_priority_read_from_a_header_orders_the_queue(bootstrap, tmp_path, priority):
+    """A producer that is not kq writes its priority as a header, so as text: the text reads
+    as a number, in arithmetic and as the priority itself."""
+    with serving_one_queue(bootstrap, tmp_path, "HP",
+                           f'priority = "{priority}"\n') as (name, cfg, prefix, _):
+        bms = {}
+        for prio in (b"1", b"5", b"3"):  # one key: Kafka keeps their order
+            (bms[prio],) = publish(bootstrap, name, [b'{"job": ' + prio + b"}"], key=b"k",
+                                   headers=[("prio", prio)])
+        wait_for(lambda: json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+                 ["enqueued"] == 3, what="all three enqueued")
+        with QueueClient(bootstrap, topic_prefix=prefix) as c:
+            sub = c.subscribe(name, max_backlog=1)
+            order = []
+            for _ in range(3):
+                (m,) = drain(sub, 1)
+                order.append(m.bookmark)
+                m.ack()
+                c.flush()
+        assert order == [bms[b"5"], bms[b"3"], bms[b"1"]]
+
+
 def test_a_barrier_synchronises_all_subscribers(bootstrap, tmp_path):
     with serving_one_queue(bootstrap, tmp_path, "BAR",
                            'barrier_expression = "/type = \'eod\'"\n') as (name, _, prefix, _), \

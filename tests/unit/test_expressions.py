@@ -8,7 +8,8 @@ from broker.expr import Doc, compile_expression
 ORDER = Doc(
     data={"sym": "IBM", "px": 10.5, "qty": 3, "side": "buy", "tags": ["a", "b"],
           "client": {"id": 7, "tier": "gold", "name": "O'Brien"}, "note": None, "ok": True},
-    headers={"region": b"EU", "kq-priority": b"7", "empty": None},
+    headers={"region": b"EU", "kq-priority": b"7", "empty": None, "prio": b"5",
+             "ratio": b" 2.5 ", "big": b"1e3", "word": b"high", "odd": b"nan"},
     now_ms=1_700_000_000_000,
 )
 
@@ -40,6 +41,12 @@ TABLE = [
     ("/client/tier = 'gold'", True), ("/client/id * 2", 14), ("/client/none/deeper", None),
     ("/sym/deeper", None), ("header('region') = 'EU'", True), ("header('nope') IS NULL", True),
     ("header('empty') IS NULL", True), ("header('kq-priority') > 5", True),
+    # a string that reads as a number is that number (every header value is a string)
+    ("header('prio') * 1", 5), ("header('prio') + header('kq-priority')", 12),
+    ("header('ratio') * 2", 5.0), ("-header('prio')", -5), ("header('big') / 10", 100.0),
+    ("ABS(-header('prio'))", 5), ("ROUND(header('ratio'))", 3.0),
+    ("header('word') * 1", None), ("header('odd') * 1", None), ("header('odd') > 1", False),
+    ("header('prio') = '5'", True), ("header('prio') = 5.0", True), ("'10' > '9'", False),
     # functions
     ("UPPER(/side)", "BUY"), ("LOWER(/sym)", "ibm"), ("LENGTH(/sym)", 3),
     ("LENGTH(/tags)", 2), ("LENGTH(/qty)", None), ("COALESCE(/missing, /note, 'x')", "x"),
@@ -76,6 +83,11 @@ def test_filters_match_only_true_and_priorities_are_numbers_or_none():
     assert compile_expression("/px").number(ORDER) == 10.5
     assert compile_expression("/sym").number(ORDER) is None
     assert compile_expression("/ok").number(ORDER) is None  # booleans are not numbers
+    # header-driven priorities: the header's text is the number it reads as
+    assert compile_expression("header('prio')").number(ORDER) == 5.0
+    assert compile_expression("header('kq-priority') * 1").number(ORDER) == 7.0
+    assert compile_expression("header('word')").number(ORDER) is None
+    assert compile_expression("'1_000'").number(ORDER) is None  # not a plain decimal
 
 
 def test_a_payload_without_data_gives_null_paths_and_false_comparisons():
