@@ -6,7 +6,6 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from broker.client import QueueClient
 from cli.common import (
@@ -20,6 +19,7 @@ from cli.common import (
     load,
     print_json,
 )
+from cli.tables import Col, render
 
 CLI_CLIENT = "kq-cli"  # all CLI invocations share one reply topic, told apart by request id
 
@@ -40,14 +40,19 @@ def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
     if json:
         print_json(rows)
         return
-    table = Table("queue", "semantics", "depth", "available", "leased", "subscribers",
-                  "oldest", "acked", "dead-lettered", "removed")
-    for r in rows:
-        removed = sum(r["removed"].values())
-        table.add_row(r["queue"], r["semantics"], str(r["depth"]), str(r["available"]),
-                      str(r["leased"]), str(r["subscribers"]), age(r["oldest_age_ms"]),
-                      str(r["acked"]), str(r["dead_lettered"]), str(removed))
-    console.print(table)
+    render(console, QUEUE_COLUMNS, [
+        (r["queue"], str(r["depth"]), str(r["available"]), str(r["leased"]),
+         str(r["subscribers"]), age(r["oldest_age_ms"]), str(r["acked"]),
+         str(r["dead_lettered"]), str(sum(r["removed"].values())), r["semantics"])
+        for r in rows])
+
+
+# dead: dead-lettered; subs: subscribers; semantics only when there is room
+QUEUE_COLUMNS = (Col("queue", key=True), Col("depth", number=True), Col("avail", number=True),
+                 Col("leased", number=True), Col("subs", number=True),
+                 Col("oldest", number=True), Col("acked", number=True, drop=4),
+                 Col("dead", number=True, drop=3), Col("removed", number=True, drop=2),
+                 Col("semantics", drop=1))
 
 
 def inspect(
@@ -68,14 +73,26 @@ def inspect(
     s = data["summary"]
     console.print(f"[bold]{queue}[/]: depth {s['depth']}, available {s['available']}, "
                   f"leased {s['leased']}, acked {s['acked']}, removed {s['removed'] or 0}")
-    table = Table("bookmark", "state", "deliveries", "cancels", "holder", "lease left", "age")
     now = time.time() * 1000
-    for m in data["messages"]:
-        left = m["lease_deadline_ms"]
-        table.add_row(m["bookmark"], m["state"], str(m["delivery_count"]),
-                      str(m["cancel_count"]), m["holder"] or "-",
-                      age(max(0, int(left - now))) if left else "-", age(m["age_ms"]))
-    console.print(table)
+    render(console, MESSAGE_COLUMNS, [
+        (m["bookmark"], m["state"], str(m["delivery_count"]), str(m["cancel_count"]),
+         m["holder"] or "-",
+         age(max(0, int(m["lease_deadline_ms"] - now))) if m["lease_deadline_ms"] else "-",
+         age(m["age_ms"]))
+        for m in data["messages"]])
+    shown = len(data["messages"])
+    if data.get("truncated") and data.get("scanned", 0) > shown and filter:
+        console.print(f"[dim]{shown} shown: the filter looked at the oldest "
+                      f"{data['scanned']} messages only, so that a query cannot stall the "
+                      "service[/]")
+    elif data.get("truncated"):
+        console.print(f"[dim]the oldest {shown} shown; --limit N for more[/]")
+
+
+# dlv: deliveries; cxl: cancels; lease: time left on the lease
+MESSAGE_COLUMNS = (Col("bookmark", key=True), Col("state"), Col("dlv", number=True),
+                   Col("cxl", number=True), Col("holder", key=True),
+                   Col("lease", number=True), Col("age", number=True, drop=1))
 
 
 def subscribers(
@@ -88,14 +105,18 @@ def subscribers(
     if json:
         print_json(rows)
         return
-    table = Table("client", "queue", "subscription", "mode", "backlog", "leased",
-                  "last heartbeat")
     now = time.time() * 1000
-    for r in rows:
-        seen = r["last_heartbeat_ms"]
-        table.add_row(r["client"], r["queue"], r["sub_id"][:12], r["mode"], str(r["backlog"]),
-                      str(r["leased"]), f"{age(int(now - seen))} ago" if seen else "-")
-    console.print(table)
+    render(console, SUBSCRIBER_COLUMNS, [
+        (r["client"], r["queue"], r["mode"], str(r["backlog"]), str(r["leased"]),
+         f"{age(int(now - r['last_heartbeat_ms']))} ago" if r["last_heartbeat_ms"] else "-",
+         r["sub_id"])
+        for r in rows])
+
+
+# heard: the client's last heartbeat; the subscription id only when there is room
+SUBSCRIBER_COLUMNS = (Col("client", key=True), Col("queue", key=True), Col("mode"),
+                      Col("backlog", number=True), Col("leased", number=True),
+                      Col("heard", number=True), Col("subscription", drop=1))
 
 
 def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
@@ -105,7 +126,6 @@ def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = 
     if json:
         print_json(rows)
         return
-    table = Table("queue", "topic", "partition", "recovery point")
-    for r in rows:
-        table.add_row(r["queue"], r["topic"], str(r["partition"]), str(r["offset"]))
-    console.print(table)
+    render(console, (Col("queue", key=True), Col("topic", key=True), Col("part", number=True),
+                     Col("point", number=True)),
+           [(r["queue"], r["topic"], str(r["partition"]), str(r["offset"])) for r in rows])

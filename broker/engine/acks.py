@@ -67,7 +67,7 @@ class Acks(EnginePart):
         permissive = q.config.leasing == "permissive"
         own = {s.sub_id for s in q.subs.values() if s.client == e.client}
         chosen = [
-            m for m in sorted(q.messages.values(), key=lambda m: m.seq)
+            m for m in q.messages.values()  # in seq order
             if m.state is not MessageState.SENT
             and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)

@@ -307,7 +307,7 @@ class Engine(Timers, Dispatcher, Acks):
             return
         reset = q.recovery_point is not None
         if reset:
-            for msg in sorted(q.messages.values(), key=lambda m: m.seq):
+            for msg in list(q.messages.values()):  # in seq order
                 kind = Kind.RELEASED if msg.state is MessageState.SENT else Kind.REMOVED
                 self._do(Transition(kind, q.name, now, msg.bookmark, reason=Reason.RESET.value))
         # seq=1 marks a reset: the shell rewinds the queue's input positions with it
@@ -319,7 +319,7 @@ class Engine(Timers, Dispatcher, Acks):
                 now: int) -> None:
         """Load one queue's stored state (messages first, then their subscriptions)."""
         q = self.queues[queue]
-        for m in messages:
+        for m in sorted(messages, key=lambda m: m.seq):  # the queue keeps them in seq order
             q.restore(m)
         for t in subs:
             self.apply(t)

@@ -123,6 +123,8 @@ NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
 class QueueState:
     def __init__(self, config: QueueConfig) -> None:
         self.config = config
+        # Every unfinished message, in seq (arrival) order: enqueues come in seq order and a
+        # restore sorts by seq, so a page of `kq inspect` is the first N values.
         self.messages: dict[Bookmark, Message] = {}
         self.available: SortedDict = SortedDict()  # Message.order -> Message
         self.subs: dict[str, Subscription] = {}  # consumers, in subscription order
@@ -156,6 +158,11 @@ class QueueState:
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
+        # Kept as messages come and go so queries cost O(log n), not a walk of the queue:
+        # record timestamps of the messages still in it (timestamp -> how many; sent ones
+        # have left), and per source partition the offsets of every unfinished message.
+        self.timestamps: SortedDict = SortedDict()
+        self.offsets: dict[tuple[str, int], SortedList] = {}
 
     @property
     def name(self) -> str:
@@ -211,18 +218,15 @@ class QueueState:
         return not self.unfinished or self.unfinished[0] >= barrier.seq
 
     def oldest_timestamp(self) -> int | None:
-        live = [m.timestamp_ms for m in self.messages.values() if m.state is not MessageState.SENT]
-        return min(live) if live else None
+        """The record timestamp of the oldest message still in the queue."""
+        return self.timestamps.peekitem(0)[0] if self.timestamps else None
 
     def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per source partition: the offset below which every message is finished."""
         points = dict(positions)
-        for m in self.messages.values():
-            tp = (m.bookmark.topic, m.bookmark.partition)
-            if tp in points:
-                points[tp] = min(points[tp], m.bookmark.offset)
-            else:
-                points[tp] = m.bookmark.offset
+        for tp, offsets in self.offsets.items():
+            if offsets:
+                points[tp] = min(points.get(tp, offsets[0]), offsets[0])
         return points
 
     # -- changing --------------------------------------------------------------------------
@@ -261,6 +265,7 @@ class QueueState:
             msg.priority = t.priority if self.priority is not None else None
             msg.is_barrier = t.barrier
             self.messages[t.bookmark] = msg
+            self._count_in(msg)
             tp = (t.bookmark.topic, t.bookmark.partition)
             self.read_upto[tp] = max(self.read_upto.get(tp, 0), t.bookmark.offset + 1)
             if msg.is_barrier:
@@ -279,6 +284,9 @@ class QueueState:
         msg = found
         new_state = next_state(msg.state, ACTION_OF[t.kind])
         self._leave(msg)
+        if msg.state is not MessageState.SENT and (new_state in TERMINAL
+                                                   or new_state is MessageState.SENT):
+            self._forget_timestamp(msg.timestamp_ms)
         if self.unfinished is not None and (new_state in TERMINAL
                                             or new_state is MessageState.SENT):
             self.unfinished.discard(msg.seq)
@@ -297,6 +305,7 @@ class QueueState:
             self._make_available(msg)
         else:  # terminal
             del self.messages[msg.bookmark]
+            self.offsets[(msg.bookmark.topic, msg.bookmark.partition)].discard(msg.bookmark.offset)
             if msg.is_barrier:
                 self.barriers.pop(msg.seq, None)
             if new_state is MessageState.ACKED:
@@ -328,6 +337,20 @@ class QueueState:
         }
         self.subs[t.sub_id] = sub
 
+    def _count_in(self, msg: Message) -> None:
+        """Enter a new or restored message in the indexes queries read."""
+        bm = msg.bookmark
+        self.offsets.setdefault((bm.topic, bm.partition), SortedList()).add(bm.offset)
+        if msg.state is not MessageState.SENT:
+            self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
+
+    def _forget_timestamp(self, timestamp_ms: int) -> None:
+        left = self.timestamps[timestamp_ms] - 1
+        if left:
+            self.timestamps[timestamp_ms] = left
+        else:
+            del self.timestamps[timestamp_ms]
+
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
         self.available[msg.order] = msg
@@ -353,6 +376,7 @@ class QueueState:
         if self.priority is None:
             msg.priority = None  # stored under an earlier config that had a priority
         self.messages[msg.bookmark] = msg
+        self._count_in(msg)
         if msg.is_barrier:
             self.barriers[msg.seq] = msg
         if self.unfinished is not None and msg.state is not MessageState.SENT:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from broker.engine.engine import Engine
-from broker.engine.queue import QueueState
+from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.errors import CommandError, ExpressionError
 from broker.expr import compile_expression
@@ -60,27 +60,53 @@ def answer(engine: Engine, args: dict[str, Any], now: int,
     raise CommandError(f"unknown query {what!r}")
 
 
+# An inspect with --filter reads each message it looks at from the store: it looks at no more
+# than this many per query, so a filter that matches little on a deep queue cannot stall the
+# service (the answer says it stopped early).
+FILTER_SCAN_LIMIT = 1_000
+
+
+def _candidates(q: QueueState, state: str | None) -> Iterator[Message]:
+    """The queue's messages in seq order, narrowed to a state without walking the queue
+    where it can: leased and sent ones are what the subscriptions hold."""
+    if state in (MessageState.LEASED, MessageState.SENT):
+        held = (q.messages[bm] for sub in q.subs.values() for bm in sub.held
+                if bm in q.messages)
+        return (m for m in sorted(held, key=lambda m: m.seq) if m.state == state)
+    # in seq order (the queue keeps them so); for "available" this skips only leased ones
+    return (m for m in q.messages.values() if state is None or m.state == state)
+
+
 def _inspect(engine: Engine, args: dict[str, Any], now: int,
              positions: PositionsOf) -> dict[str, Any]:
     name = args.get("queue", "")
     q = engine.queues.get(name)
     if q is None:
         raise CommandError(f"unknown queue {name!r} (known queues: {', '.join(engine.queues)})")
-    state = args.get("state")
+    state = args.get("state") or None
     if state and state not in (s.value for s in MessageState):
         raise CommandError(f"unknown state {state!r}")
     limit = int(args.get("limit") or 100)
+    if limit < 1:
+        raise CommandError(f"limit must be at least 1, not {limit}")
     try:
         where = compile_expression(args["filter"]) if args.get("filter") else None
     except ExpressionError as exc:
         raise CommandError(str(exc)) from None
-    rows = []
-    for m in sorted(q.messages.values(), key=lambda m: m.seq):
-        if state and m.state.value != state:
-            continue
-        doc = engine.doc_of(q, m) if where is not None else None
-        if where is not None and not (doc is not None and where.matches(doc)):
-            continue
+    rows: list[dict[str, Any]] = []
+    scanned, truncated = 0, False
+    for m in _candidates(q, state):
+        if len(rows) >= limit:
+            truncated = True
+            break
+        if where is not None:
+            if scanned >= FILTER_SCAN_LIMIT:
+                truncated = True
+                break
+            scanned += 1
+            doc = engine.doc_of(q, m)
+            if doc is None or not where.matches(doc):
+                continue
         holder = engine.subs.get(m.holder) if m.holder else None
         rows.append({
             "bookmark": str(m.bookmark), "state": m.state.value, "seq": m.seq,
@@ -88,12 +114,14 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
             "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
             "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms, "priority": m.priority,
         })
-        if len(rows) >= limit:
-            break
     points = q.recovery_points(positions(name))
     return {
         "summary": queue_row(q, now, len(q.subs)),
         "messages": rows,
+        # whether it stopped before the end of the queue: at the limit, or with a filter
+        # after looking at FILTER_SCAN_LIMIT messages ("scanned"); more may match
+        "truncated": truncated,
+        "scanned": scanned,
         "recovery_points": [{"topic": t, "partition": p, "offset": o}
                             for (t, p), o in sorted(points.items())],
     }

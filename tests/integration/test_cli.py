@@ -49,6 +49,10 @@ def test_publish_queues_inspect_consume_subscribers(bootstrap, served):
     assert [(m["bookmark"], m["state"]) for m in inspected["messages"]] == [(bookmark, "available")]
     table = kq("queues", "--config", cfg)
     assert name in table.stdout and table.returncode == 0
+    for command in (["queues"], ["inspect", name]):  # an 80-column terminal: nothing cut
+        narrow = kq(*command, "--config", cfg, COLUMNS="80")
+        assert narrow.returncode == 0 and "…" not in narrow.stdout, narrow.stdout
+        assert name in narrow.stdout and all(len(li) <= 80 for li in narrow.stdout.splitlines())
     consumed = kq("consume", name, "--config", cfg, "--json", "--count", "1", "--timeout", "5")
     assert consumed.returncode == 0, consumed.stderr
     assert json.loads(consumed.stdout.splitlines()[0])["data"] == {"n": 1}

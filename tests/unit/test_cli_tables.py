@@ -1,0 +1,45 @@
+"""The CLI's tables in an 80-column terminal: short headers, nothing cut, extras when wide."""
+
+import io
+
+from rich.console import Console
+
+from cli.inspect import MESSAGE_COLUMNS, QUEUE_COLUMNS, SUBSCRIBER_COLUMNS
+from cli.tables import render
+
+QUEUES = [("ORDERS_ANALYTICS_DIRECT", "1000000", "999990", "10", "4", "12.5h", "1234567", "12",
+           "345", "at-least-once"),
+          ("ORDERS_RISK", "10", "0", "10", "4", "1.2s", "7", "0", "0", "at-most-once")]
+
+
+def shown(columns, rows, width: int) -> str:
+    out = io.StringIO()
+    render(Console(file=out, width=width), columns, rows)
+    return out.getvalue()
+
+
+def test_queues_at_80_columns_show_whole_names_and_numbers():
+    text = shown(QUEUE_COLUMNS, QUEUES, 80)
+    assert "…" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+    for row in QUEUES:
+        line = next(li for li in text.splitlines() if row[0] in li)
+        assert all(cell in line for cell in row[:6])  # name, depth, avail, leased, subs, age
+    assert "depth" in text and "avail" in text and "oldest" in text
+
+
+def test_wide_terminals_get_every_column():
+    text = shown(QUEUE_COLUMNS, QUEUES, 200)
+    assert "semantics" in text and "at-least-once" in text and "removed" in text
+    assert "semantics" not in shown(QUEUE_COLUMNS, QUEUES, 80)
+
+
+def test_message_and_subscriber_tables_keep_bookmarks_and_clients_whole_at_80():
+    messages = [("ORDERS_ANALYTICS_DIRECT/3/1234567", "leased", "3", "1", "worker-eu-west-17",
+                 "59.0s", "1.2h")]
+    subs = [("worker-eu-west-17", "ORDERS_ANALYTICS_DIRECT", "queue", "50", "50", "0.4s ago",
+             "5f0c2a9e41b7d3c8")]
+    for columns, rows in ((MESSAGE_COLUMNS, messages), (SUBSCRIBER_COLUMNS, subs)):
+        text = shown(columns, rows, 80)
+        assert "…" not in text and all(len(li) <= 80 for li in text.splitlines())
+        assert all(cell in text for cell in rows[0][:2])
