@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from cli import inspect, manual, serve
+from cli import inspect, journal, manual, serve
 
 app = typer.Typer(
     name="kq",
@@ -23,6 +23,7 @@ app.command("recovery-points")(inspect.recovery_points)
 app.command()(manual.publish)
 app.command()(manual.consume)
 app.command()(manual.ack)
+app.add_typer(journal.app, name="journal")
 
 if __name__ == "__main__":
     app()

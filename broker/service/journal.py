@@ -18,6 +18,13 @@ class BatchAssembler:
     def __init__(self) -> None:
         self._pending: list[Part] = []
 
+    def continues(self, part: Part) -> bool:
+        """Whether this part is the next one of the batch being assembled (a reader of an
+        offset range reads past its end only for that)."""
+        return (part["marker"] is None and bool(self._pending)
+                and self._pending[-1]["batch"] == part["batch"]
+                and self._pending[-1]["part"] == part["part"] - 1)
+
     def add(self, part: Part) -> list[Part] | None:
         """The whole batch this part completes, or None."""
         if part["marker"] is not None:
@@ -25,8 +32,7 @@ class BatchAssembler:
             return None
         if part["part"] == 0:
             self._pending = [part]
-        elif (self._pending and self._pending[-1]["batch"] == part["batch"]
-              and self._pending[-1]["part"] == part["part"] - 1):
+        elif self.continues(part):
             self._pending.append(part)
         else:
             self._pending = []

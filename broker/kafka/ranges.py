@@ -1,0 +1,94 @@
+"""Reading a partition's records between two offsets, and finding where it really ends.
+
+A broker's high watermark is not trusted: the embedded broker under-reports it after a
+multi-record write. So an end is found by reading on from the reported one until nothing
+more comes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from broker.errors import KqError
+from broker.kafka.clients import take
+
+IDLE_S = 0.3  # a partition read this long without a record has ended (for now)
+STALL_S = 30.0  # records that should be there but do not come: an error
+
+
+def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str, int],
+                                                                      tuple[int, int]]:
+    """Per (topic, partition): (first offset, the offset after the last record), the end
+    found by reading on from the reported high watermark until every partition is quiet."""
+    found: dict[tuple[str, int], tuple[int, int]] = {}
+    start: list[TopicPartition] = []
+    for topic, p in partitions:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        found[(topic, p)] = (int(low), int(max(low, high)))
+        start.append(TopicPartition(topic, p, int(max(low, high - 1))))
+    if not start:
+        return found
+    c.assign(start)
+    try:
+        last_seen = time.monotonic()
+        while time.monotonic() - last_seen < IDLE_S:
+            for rec in take(c, 1000, 0.05):
+                if rec.error() is not None:
+                    continue
+                key = (rec.topic(), rec.partition())
+                low, end = found[key]
+                found[key] = (low, max(end, rec.offset() + 1))
+                last_seen = time.monotonic()
+    finally:
+        c.unassign()
+    return found
+
+
+def records(c: Consumer, topic: str, partition: int, start: int,
+            end: int | None = None) -> Iterator[Any]:
+    """The records of one partition from `start`, in order, up to `end` (excluded) or, with
+    no end, until the partition stays quiet for IDLE_S. The caller may stop early; the
+    consumer is unassigned when the iteration ends."""
+    c.assign([TopicPartition(topic, partition, start)])
+    position, last_seen = start, time.monotonic()
+    try:
+        while end is None or position < end:
+            batch = take(c, 1000, 0.1)
+            got = False
+            for rec in batch:
+                err = rec.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KqError(f"reading {topic}/{partition}: {err.str()}")
+                position = rec.offset() + 1
+                if end is not None and rec.offset() >= end:
+                    return
+                got = True
+                yield rec
+            if got:
+                last_seen = time.monotonic()
+                continue
+            quiet = time.monotonic() - last_seen
+            if end is None and quiet > IDLE_S:
+                return
+            if end is not None:
+                # offsets may have gaps (transaction markers, compaction): the consumer's
+                # position tells when nothing is left below `end`
+                (tp,) = c.position([TopicPartition(topic, partition)])
+                if tp.offset >= end:
+                    return
+                if quiet > STALL_S:
+                    raise KqError(f"{topic}/{partition} stopped at offset {position} before "
+                                  f"{end}: is the broker up?")
+    finally:
+        c.unassign()
+
+
+def split(start: int, end: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) cut into ranges of at most `size` offsets."""
+    return [(lo, min(lo + size, end)) for lo in range(start, end, max(1, size))]
