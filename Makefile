@@ -14,7 +14,7 @@ install: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 
 install-test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
 
 run: install
 	$(BIN)/kq serve --config $(CONFIG)

@@ -306,3 +306,68 @@ def _replay_here(src: Source, names: list[str], to: str, to_partitions: int, exp
                         to, to_partitions, dry_run)
     c.close()
     return counts
+
+
+MasterOpt = Annotated[str | None, typer.Option(
+    help="Spark master URL, e.g. spark://host:7077 (default local[*]: this machine's cores).")]
+
+
+@app.command()
+def report(
+    out: Annotated[str, typer.Option(help="Directory for summary.json, messages/, "
+                                          "per_minute/ and report.png.")],
+    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
+    since: SinceOpt = None, until: UntilOpt = None, master: MasterOpt = None,
+    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
+) -> None:
+    """What happened to each queue's messages, computed on Spark from the journal.
+
+    Per queue: enqueued, acked, removed by reason, redelivered, a histogram of deliveries,
+    enqueue-to-ack latency p50/p90/p99, and per subscriber acks and mean processing time.
+    Writes OUT/summary.json, Parquet OUT/messages/ and OUT/per_minute/, and OUT/report.png."""
+    _times(since, until)  # refuse a bad time before starting Spark
+    src = Source(config, bootstrap_servers)
+    with errors_to_exit_codes():
+        from pathlib import Path
+
+        from broker.pipeline.report import journal_frame, run_report
+        from broker.pipeline.session import spark_session
+
+        with _spinner("starting Spark and reading the journal"):
+            spark = spark_session(master, "kq journal report")
+            frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
+                                  src.kafka, queue, since, until)
+            summary = run_report(spark, frame, Path(out))
+    if json:
+        sys.stdout.write(jsonlib.dumps(summary) + "\n")
+        return
+    _show_summary(summary, out)
+
+
+@contextmanager
+def _spinner(what: str) -> Iterator[None]:
+    if not err_console.is_terminal:
+        yield
+        return
+    with err_console.status(what):
+        yield
+
+
+def _show_summary(summary: dict[str, Any], out: str) -> None:
+    console.print(f"[bold]{summary['records']:,}[/] transitions in {summary['seconds']:.1f} s; "
+                  f"written to {out}/ (summary.json, messages/, per_minute/, report.png)")
+    rows = []
+    for name, q in sorted(summary["queues"].items()):
+        lat = q["latency_ms"]
+        removed = ", ".join(f"{r} {n}" for r, n in sorted(q["removed"].items())) or "-"
+        rows.append((name, str(q["enqueued"]), str(q["acked"]), removed, str(q["redelivered"]),
+                     "/".join("-" if lat[k] is None else f"{lat[k]:.0f}"
+                              for k in ("p50", "p90", "p99"))))
+    render(console, (Col("queue", key=True), Col("enq", number=True), Col("acked", number=True),
+                     Col("removed"), Col("redlv", number=True),
+                     Col("ms p50/p90/p99", number=True)), rows)
+    for name, q in sorted(summary["queues"].items()):
+        hist = " ".join(f"{k}x:{v}" for k, v in q["deliveries_histogram"].items())
+        subs = ", ".join(f"{c} {s['acked']} acks ({s['mean_processing_ms'] or 0:.0f} ms)"
+                         for c, s in sorted(q["subscribers"].items()))
+        console.print(f"[bold]{name}[/] deliveries {hist or '-'}; subscribers: {subs or '-'}")

@@ -7,11 +7,12 @@ more comes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from broker.errors import KqError
 from broker.kafka.clients import take
@@ -86,9 +87,6 @@ def records(c: Consumer, topic: str, partition: int, start: int,
                     raise KqError(f"{topic}/{partition} stopped at offset {position} before "
                                   f"{end}: is the broker up?")
     finally:
-        c.unassign()
+        with contextlib.suppress(RuntimeError, KafkaException):  # closed by its owner already
+            c.unassign()
 
-
-def split(start: int, end: int, size: int) -> list[tuple[int, int]]:
-    """[start, end) cut into ranges of at most `size` offsets."""
-    return [(lo, min(lo + size, end)) for lo in range(start, end, max(1, size))]
