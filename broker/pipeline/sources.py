@@ -166,7 +166,8 @@ class JournalReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> list[Range]:
         return _plan(self.s, _journal_spans(self.s, self.topic))
 
-    def read(self, partition: Range) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, Range)
         return read_journal_range(self.s, partition)
 
 
@@ -189,7 +190,8 @@ class JournalStreamReader(DataSourceStreamReader):  # type: ignore[misc]
         spans = {(self.topic, int(p)): (start.get(p, 0), e) for p, e in end.items()}
         return _plan(self.s, spans)
 
-    def read(self, partition: Range) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, Range)
         return read_journal_range(self.s, partition)
 
     def commit(self, end: dict[str, int]) -> None:
@@ -246,9 +248,10 @@ class TopicReader(DataSourceReader):  # type: ignore[misc]
         finally:
             c.close()
 
-    def read(self, partition: Range) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from broker.expr import compile_expression
 
+        assert isinstance(partition, Range)
         s = self.s
         where = compile_expression(s.where) if s.where else None
         cols: dict[str, list[Any]] = {f: [] for f in TOPIC_SCHEMA.names}
