@@ -140,6 +140,7 @@ class QueueClient:
         self._subs: dict[str, Subscription] = {}
         self._received: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._chunks: dict[str, dict[int, dict[str, Any]]] = {}  # replies arriving in chunks
         self._waiting: set[str] = set()
         self._closed = threading.Event()
         self._heartbeat_s = heartbeat_interval
@@ -302,10 +303,25 @@ class QueueClient:
                 continue
             rid = env["request_id"]
             if rid in self._waiting:
-                self._replies[rid] = (env["error"], json.loads(env["body"] or "{}"))
+                self._take_reply(rid, env["error"], json.loads(env["body"] or "{}"))
             elif env["kind"] == "error" and not rid:
                 log.warning("the service refused a command: %s", env["error"])
                 self.errors.append(env["error"])
+
+    def _take_reply(self, rid: str, error: str | None, body: dict[str, Any]) -> None:
+        """Keep a reply; a large one comes in chunks ({"chunk": i, "chunks": n, "rows": [...]}
+        with the other fields in chunk 0), kept once all are in, rows in order."""
+        chunks = body.get("chunks")
+        if error is not None or not chunks:
+            self._replies[rid] = (error, body)
+            return
+        parts = self._chunks.setdefault(rid, {})
+        parts[body["chunk"]] = body
+        if len(parts) == chunks:
+            del self._chunks[rid]
+            whole = {k: v for k, v in parts[0].items() if k not in ("chunk", "chunks")}
+            whole["rows"] = [row for i in range(chunks) for row in parts[i]["rows"]]
+            self._replies[rid] = (None, whole)
 
     def _route_message(self, env: dict[str, Any]) -> None:
         sub = self._subs.get(env["sub_id"])

@@ -38,7 +38,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
-from broker.state.layout import Checkpoint
+from broker.state.layout import Checkpoint, message_key
 from broker.state.store import Store
 
 log = logging.getLogger("kq.commit")
@@ -108,6 +108,9 @@ class Committer:
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
         self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
+        # Tests of `kq journal audit` only: lose the state write of the first message that
+        # gets a transition of this kind, so the service differs from its journal.
+        self._drop_kind = os.environ.get("KQ_TEST_DROP_STATE_WRITE")
 
     def commit(self, cp: Checkpoint, outbox: Outbox) -> None:
         if not (cp.transitions or cp.positions or outbox):
@@ -121,8 +124,17 @@ class Committer:
         self._crash_point(2, cp)
         self._produce_all(outbox.deliveries, fatal=False, what="deliveries")
         self._crash_point(3, cp)
-        cp.write(self._store, self._engine)
+        cp.write(self._store, self._engine, skip=self._dropped_write(cp))
         self._crash_point(4, cp)
+
+    def _dropped_write(self, cp: Checkpoint) -> frozenset[bytes]:
+        hit = next((t for t in cp.transitions if t.kind == self._drop_kind and t.bookmark), None)
+        if hit is None or hit.bookmark is None:
+            return frozenset()
+        self._drop_kind = None
+        log.warning("KQ_TEST_DROP_STATE_WRITE: not storing what %s did to %s", hit.kind.value,
+                    hit.bookmark)
+        return frozenset({message_key(hit.queue, hit.bookmark)})
 
     def _journal(self, cp: Checkpoint) -> int:
         rows = [transition_record(t) for t in latest_cursors(cp.transitions)]

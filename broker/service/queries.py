@@ -31,6 +31,29 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
 
 
 PositionsOf = Callable[[str], dict[tuple[str, int], int]]
+SNAPSHOT = "snapshot"  # answered between batches, by `snapshot`, not by `answer`
+SNAPSHOT_ROWS_PER_REPLY = 5_000
+
+
+def snapshot(engine: Engine, batch: int) -> list[dict[str, Any]]:
+    """Every queue's messages and counters as they stand after journal batch `batch`, for
+    `kq journal audit`, in reply chunks. One walk of every queue: an audit is asked for by
+    a person, not polled."""
+    counters = {name: {"enqueued": q.stats.enqueued, "acked": q.stats.acked,
+                       "removed": dict(q.stats.removed)} for name, q in engine.queues.items()}
+    rows = []
+    for name, q in engine.queues.items():
+        for m in q.messages.values():
+            holder = engine.subs.get(m.holder) if m.holder else None
+            rows.append([name, str(m.bookmark), m.state.value, m.delivery_count,
+                         m.cancel_count, holder.client if holder else None])
+    chunks = [rows[i:i + SNAPSHOT_ROWS_PER_REPLY]
+              for i in range(0, len(rows), SNAPSHOT_ROWS_PER_REPLY)] or [[]]
+    first = {"batch": batch, "queues": counters,
+             "columns": ["queue", "bookmark", "state", "delivery_count", "cancel_count",
+                         "holder"]}
+    return [{**(first if i == 0 else {}), "chunk": i, "chunks": len(chunks), "rows": chunk}
+            for i, chunk in enumerate(chunks)]
 
 
 def answer(engine: Engine, args: dict[str, Any], now: int,

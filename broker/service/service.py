@@ -38,7 +38,7 @@ from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.inputs import SERVICE, Inputs
 from broker.service.metrics import Metrics
-from broker.service.queries import answer
+from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.state.layout import Checkpoint, Payload, load_payload
@@ -88,6 +88,7 @@ class _Batch:
     cp: Checkpoint = field(default_factory=Checkpoint)
     outbox: Outbox = field(default_factory=Outbox)
     resumes: set[str] = field(default_factory=set)  # queues to read on after the commit
+    snapshots: list[Query] = field(default_factory=list)  # answered once the batch is in
 
 
 class Service:
@@ -224,11 +225,24 @@ class Service:
         self._run(ev.Tick(), now, batch)
         handled = time.monotonic()
         self._commit(batch, records_in=len(records))
+        if batch.snapshots:
+            self._answer_snapshots(batch.snapshots)
         took = time.monotonic() - started
         if took > SLOW_BATCH_S:
             log.info("slow batch: %d records, %d transitions, %d deliveries; %.0f ms "
                      "(engine %.0f ms)", len(records), len(batch.cp.transitions),
                      len(batch.outbox.deliveries), took * 1000, (handled - started) * 1000)
+
+    def _answer_snapshots(self, queries: list[Query]) -> None:
+        """State snapshots, taken between batches: the state is exactly that of the last
+        journaled batch, whose number the answer carries, so an audit can rebuild the same
+        state from the journal however busy the service is."""
+        replies = _Batch()
+        last = self._committer.next_batch - 1
+        for q in queries:
+            for body in snapshot(self.engine, last):
+                self._reply(replies, q.client, q.request_id, body=body)
+        self._committer.commit(replies.cp, replies.outbox)  # replies only: no journal
 
     def _source_record(self, rec: KafkaMessage, bm: Bookmark, readers: list[str], now: int,
                        batch: _Batch) -> None:
@@ -280,6 +294,8 @@ class Service:
                 self.metrics.bad_commands.inc()
                 if item.client:
                     self._reply(batch, item.client, item.request_id, error=item.message)
+            elif isinstance(item, Query) and item.args.get("what") == SNAPSHOT:
+                batch.snapshots.append(item)
             elif isinstance(item, Query):
                 try:
                     body = answer(self.engine, item.args, now, self.inputs.of_queue)

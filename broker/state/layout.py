@@ -129,8 +129,9 @@ class Checkpoint:
     journal_offset: int | None = None
     batch: int = 0
 
-    def write(self, store: Store, engine: Engine) -> None:
-        """Write the engine's current state of every key the transitions touched."""
+    def write(self, store: Store, engine: Engine, skip: frozenset[bytes] = frozenset()) -> None:
+        """Write the engine's current state of every key the transitions touched (but the
+        keys in `skip`: tests use it to lose a write on purpose)."""
         puts: dict[bytes, bytes] = {}
         deletes: list[bytes] = []
         touched_queues: set[str] = set()
@@ -172,7 +173,8 @@ class Checkpoint:
         if self.journal_offset is not None:
             puts[META_JOURNAL] = json.dumps(
                 {"offset": self.journal_offset, "batch": self.batch}).encode()
-        store.write(puts, deletes)
+        store.write({k: v for k, v in puts.items() if k not in skip},
+                    [k for k in deletes if k not in skip])
 
 
 def load_positions(store: Store) -> dict[ReaderKey, int]:

@@ -1,0 +1,107 @@
+"""`kq journal audit`: every queue's state rebuilt from the journal on Spark, compared with
+what the live service holds, both as of the same journal batch.
+
+The rebuild is written here in Spark SQL, apart from the engine's own `apply`, so that a
+fault in the service's state (a lost write, a bug in applying a transition) shows as a
+difference instead of being repeated by the audit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+# What the last transition of a message's current life says its state is; the kinds that
+# finish it (acked, removed, released) leave it out of the queue.
+STATE_AFTER = {"enqueued": "available", "returned": "available", "leased": "leased",
+               "sent": "sent"}
+MESSAGE_KINDS = (*STATE_AFTER, "acked", "removed", "released")
+FIELDS = ("state", "delivery_count", "cancel_count", "holder")
+MAX_LISTED = 10_000  # differences listed in full; the count is always exact
+
+
+def journal_state(journal: DataFrame, batch: int) -> DataFrame:
+    """(queue, bookmark, state, delivery_count, cancel_count, holder) of every message still
+    in a queue after journal batch `batch`."""
+    pos = F.struct("batch", "offset", "index")
+    rows = (journal.where((F.col("batch") <= batch) & F.col("bookmark").isNotNull()
+                          & F.col("kind").isin(*MESSAGE_KINDS))
+            .withColumn("pos", pos))
+    # a bookmark enqueued again (a recovery-point reset) starts a new life: only the last
+    life = F.max(F.when(F.col("kind") == "enqueued", F.col("pos"))).over(
+        Window.partitionBy("queue", "bookmark"))
+    current = rows.withColumn("life", life).where(F.col("pos") >= F.col("life"))
+    state = F.coalesce(*(F.when(F.col("last_kind") == k, F.lit(v))
+                         for k, v in STATE_AFTER.items()))
+    return (current.groupBy("queue", "bookmark").agg(
+        F.max_by("kind", "pos").alias("last_kind"),
+        F.max_by("client", "pos").alias("last_client"),
+        F.max("delivery_count").alias("delivery_count"),
+        F.max("cancel_count").alias("cancel_count"))
+        .withColumn("state", state).where(F.col("state").isNotNull())
+        .select("queue", "bookmark", "state", "delivery_count", "cancel_count",
+                F.when(F.col("state").isin("leased", "sent"), F.col("last_client"))
+                .alias("holder")))
+
+
+def journal_counters(journal: DataFrame, batch: int) -> dict[str, dict[str, Any]]:
+    """Per queue: enqueued, acked and removed by reason, counted in the journal."""
+    rows = (journal.where(F.col("batch") <= batch)
+            .where(F.col("kind").isin("enqueued", "acked", "removed", "released"))
+            .groupBy("queue", "kind",
+                     F.when(F.col("kind").isin("removed", "released"),
+                            F.coalesce(F.col("reason"), F.lit("removed"))).alias("reason"))
+            .count().collect())
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        q = out.setdefault(r["queue"], {"enqueued": 0, "acked": 0, "removed": {}})
+        if r["kind"] in ("enqueued", "acked"):
+            q[r["kind"]] += r["count"]
+        else:
+            q["removed"][r["reason"]] = q["removed"].get(r["reason"], 0) + r["count"]
+    return out
+
+
+def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> dict[str, Any]:
+    """Compare the service's snapshot (`kq` query `snapshot`) with the journal's state at
+    the snapshot's batch; SPEC 8.1's audit object."""
+    batch = int(service["batch"])
+    theirs = spark.createDataFrame(
+        service["rows"], "queue string, bookmark string, state string, delivery_count int, "
+                         "cancel_count int, holder string")
+    ours = journal_state(journal, batch)
+    joined = (ours.alias("j").join(theirs.alias("s"), ["queue", "bookmark"], "full")
+              .select("queue", "bookmark", *(F.col(f"{side}.{f}").alias(f"{side}_{f}")
+                                             for side in "js" for f in FIELDS))
+              .cache())
+    compared = joined.count()
+    differs = F.lit(False)
+    for f in FIELDS:
+        differs = differs | ~F.col(f"j_{f}").eqNullSafe(F.col(f"s_{f}"))
+    listed = joined.where(differs).orderBy("queue", "bookmark").limit(MAX_LISTED).collect()
+    found = joined.where(differs).count()
+    joined.unpersist()
+    differences = []
+    for r in listed:
+        gone = r["j_state"] is None or r["s_state"] is None
+        for f in ("state",) if gone else FIELDS:  # a message one side lacks: one line
+            if r[f"j_{f}"] != r[f"s_{f}"]:
+                differences.append({"queue": r["queue"], "bookmark": r["bookmark"],
+                                    "field": f, "journal": r[f"j_{f}"],
+                                    "service": r[f"s_{f}"]})
+    counted = journal_counters(journal, batch)
+    for name, theirs_q in sorted(service["queues"].items()):
+        ours_q = counted.get(name, {"enqueued": 0, "acked": 0, "removed": {}})
+        for f in ("enqueued", "acked"):
+            if ours_q[f] != theirs_q[f]:
+                differences.append({"queue": name, "bookmark": None, "field": f,
+                                    "journal": ours_q[f], "service": theirs_q[f]})
+        for reason in sorted(set(ours_q["removed"]) | set(theirs_q["removed"])):
+            a, b = ours_q["removed"].get(reason, 0), theirs_q["removed"].get(reason, 0)
+            if a != b:
+                differences.append({"queue": name, "bookmark": None,
+                                    "field": f"removed.{reason}", "journal": a, "service": b})
+    return {"queues": len(service["queues"]), "messages": compared, "batch": batch,
+            "differing_messages": found, "differences": differences}

@@ -1,0 +1,76 @@
+"""`kq journal audit`: the journal's state on Spark against the live service, at one batch."""
+
+import json
+import threading
+
+import pytest
+
+from broker.client import QueueClient
+from tests.integration.kit import drain, kq, publish, serving_one_queue, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def audit(cfg):
+    out = kq("journal", "audit", "--config", str(cfg), "--json", timeout=300)
+    assert out.stdout, out.stderr
+    return out.returncode, json.loads(out.stdout)
+
+
+def depth(cfg) -> dict:
+    return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+
+
+def test_a_busy_service_killed_and_restarted_has_no_differences(bootstrap, tmp_path):
+    with serving_one_queue(bootstrap, tmp_path, "AUD", 'lease_period = "1h"\n') as (
+            name, cfg, prefix, serve):
+        stop = threading.Event()
+        published: list[str] = []
+
+        def load() -> None:  # keeps publishing while the service is killed and audited
+            i = 0
+            while not stop.is_set():
+                published.extend(publish(bootstrap, name, [b'{"n": %d}' % i for i in range(
+                    i, i + 20)], key=b"k"))
+                i += 20
+
+        with QueueClient(bootstrap, topic_prefix=prefix, name=f"w-{prefix}") as c:
+            sub = c.subscribe(name, max_backlog=10)
+            producer = threading.Thread(target=load, daemon=True)
+            producer.start()
+            got = drain(sub, 10)
+            for m in got[:6]:
+                m.ack()
+            got[6].cancel()
+            c.flush()
+            serve.proc.kill()  # kill -9 under load
+            serve.proc.wait()
+            serve.start()
+            wait_for(lambda: len(published) > 300, 30, "more published after the restart")
+            code, result = audit(cfg)  # while publishing goes on
+            stop.set()
+            producer.join(10)
+    assert code == 0 and result["differences"] == [], result["differences"][:5]
+    assert result["queues"] == 1 and result["messages"] > 0
+
+
+def test_a_lost_state_write_is_reported_as_a_difference(bootstrap, tmp_path):
+    with serving_one_queue(bootstrap, tmp_path, "LOST", 'lease_period = "1h"\n') as (
+            name, cfg, prefix, serve):
+        serve.stop()
+        serve.start(KQ_TEST_DROP_STATE_WRITE="acked")  # loses what the first ack did
+        bms = publish(bootstrap, name, [b'{"n": %d}' % i for i in range(5)], key=b"k")
+        with QueueClient(bootstrap, topic_prefix=prefix, name=f"w-{prefix}") as c:
+            first, second = drain(c.subscribe(name, max_backlog=2), 2)
+            first.ack()
+            second.ack()
+            c.flush()
+            wait_for(lambda: depth(cfg)["acked"] == 2, what="two acks")
+            code, healthy = audit(cfg)
+            assert (code, healthy["differences"]) == (0, [])  # memory is right; disk is not
+            serve.stop()
+            serve.start()  # the lost write is loaded back: an acked message is back
+            code, result = audit(cfg)
+    assert code == 1
+    assert result["differences"] == [{"queue": name, "bookmark": bms[0], "field": "state",
+                                      "journal": None, "service": "leased"}]
