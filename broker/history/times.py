@@ -1,4 +1,5 @@
-"""`--since` / `--until`: an ISO-8601 time or a time relative to now (`-15m`, `-2h`, `-1d`)."""
+"""`--since` / `--until`: an ISO-8601 time, a time relative to now (`-15m`, `-2h`, `-1d`), or
+epoch milliseconds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ def moment_ms(text: str | None, now_ms: int) -> int | None:
     """Epoch milliseconds, or None when not given; raise ValueError saying what is accepted."""
     if text is None or text == "":
         return None
+    if text.isdigit():  # epoch milliseconds, as scripts (and Spark options) pass them
+        return int(text)
     if text.startswith("-"):
         try:
             return now_ms - Duration.parse(text[1:]).ms
