@@ -282,14 +282,23 @@ def main() -> None:
     ap.add_argument("--rss-messages", type=int, default=50000)
     ap.add_argument("--bootstrap")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="also time `kq journal report` on local[2] (ops/bench_pipeline.py)")
+    ap.add_argument("--pipeline-transitions", type=int, default=1_000_000)
     a = ap.parse_args()
     with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp)
         kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog)
         rss = run_rss(bs, a.rss_messages, tmp)
+        pipeline = None
+        if a.pipeline:
+            from ops.bench_pipeline import measure
+            pipeline = measure(bs, a.pipeline_transitions)
     result = {"messages": a.messages, "subscribers": a.subscribers, "raw": raw, "kq": kq,
               "ratio_kq_to_raw": kq["msgs_per_s"] / raw["msgs_per_s"], **rss}
+    if pipeline is not None:
+        result["pipeline"] = pipeline
     if a.json:
         print(json.dumps(result, indent=2))
         return
@@ -302,6 +311,10 @@ def main() -> None:
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued: {rss['restart_s']:.1f} s")
     print(f"browse: a new browser is shown them at {rss['browse_msgs_per_s']:.0f} msgs/s")
+    if pipeline is not None:
+        print(f"pipeline: kq journal report on local[2] read {pipeline['transitions']} "
+              f"transitions in {pipeline['seconds']:.1f} s: "
+              f"{pipeline['records_per_s']:.0f} transitions/s")
 
 
 if __name__ == "__main__":

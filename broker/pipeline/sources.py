@@ -138,22 +138,32 @@ def _journal_spans(s: Settings, topic: str) -> dict[tuple[str, int], tuple[int, 
 def read_journal_range(s: Settings, r: Range) -> Iterator[pa.RecordBatch]:
     wanted = RowFilter(queue=s.queue, since_ms=s.since_ms, until_ms=s.until_ms)
     check = s.queue is not None or s.since_ms is not None or s.until_ms is not None
+    per_row = ("batch", "offset", "index")  # the rest come from the transition as it is
     c = s.consumer()
     cols: dict[str, list[Any]] = {f: [] for f in FIELDS}
+    appends = [(f, cols[f].append) for f in FIELDS if f not in per_row]
+    batch_col, offset_col, index_col = (cols[f].append for f in per_row)
+    rows = 0
     try:
         recs = ((rec.offset(), rec.value()) for rec in records(c, r.topic, r.partition, r.start))
         for batch in whole_batches(recs, r.end):
             for part in batch:
+                number, offset = part["batch"], part["offset"]
                 for i, t in enumerate(part["transitions"]):
-                    row = {"batch": part["batch"], "offset": part["offset"], "index": i, **t}
-                    if check and not wanted(row):
+                    if check and not wanted({"batch": number, **t}):
                         continue
-                    for f in FIELDS:
-                        cols[f].append(row[f])
-            if len(cols["batch"]) >= ROWS_PER_ARROW_BATCH:
+                    batch_col(number)
+                    offset_col(offset)
+                    index_col(i)
+                    for f, append in appends:
+                        append(t[f])
+                    rows += 1
+            if rows >= ROWS_PER_ARROW_BATCH:
                 yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
-                cols = {f: [] for f in FIELDS}
-        if cols["batch"]:
+                for f in FIELDS:
+                    cols[f].clear()
+                rows = 0
+        if rows:
             yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
     finally:
         c.close()
