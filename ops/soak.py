@@ -36,7 +36,7 @@ from confluent_kafka import Producer, TopicPartition  # noqa: E402
 from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import given_or_embedded  # noqa: E402
-from broker.service.journal import BatchAssembler  # noqa: E402
+from broker.service.journal import BatchAssembler, transitions_of  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
@@ -181,7 +181,7 @@ def _committed_transitions(bootstrap: str, journal: str) -> list[dict[str, Any]]
     for rec in _read_all(bootstrap, journal):
         whole = batches.add(wire.decode("journal", rec.value()))
         if whole is not None:
-            rows.extend(t for p in whole for t in p["transitions"])
+            rows.extend(t for p in whole for t in transitions_of(p))
     return rows
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker import wire
-from broker.service.journal import BatchAssembler, Part
+from broker.service.journal import BatchAssembler, Part, transitions_of
 
 # One row per transition: what `kq journal dump --json` prints and the kq-journal source's
 # columns. `offset` is the journal record's; `index` the transition's place in that record.
@@ -41,7 +41,7 @@ def whole_batches(records: Iterable[tuple[int, bytes]], end: int) -> Iterator[li
 def rows_of(batch: list[Part]) -> Iterator[Row]:
     """A whole batch's transitions as rows, in journal order."""
     for part in batch:
-        for i, t in enumerate(part["transitions"]):
+        for i, t in enumerate(transitions_of(part)):
             yield {"batch": part["batch"], "offset": part["offset"], "index": i,
                    "kind": t["kind"], "queue": t["queue"], "at_ms": t["at_ms"],
                    "bookmark": t["bookmark"], "client": t["client"], "sub_id": t["sub_id"],

@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -26,12 +28,13 @@ from pyspark.sql.datasource import (
 )
 
 from broker import wire
-from broker.history.journal import FIELDS, RowFilter, whole_batches
+from broker.history.journal import FIELDS, whole_batches
 from broker.history.reading import doc_of
 from broker.history.times import moment_ms
 from broker.kafka import clients
 from broker.kafka.clients import headers_of
 from broker.kafka.ranges import real_ends, records
+from broker.service.journal import COLUMNS
 
 JOURNAL_TYPES = {
     "batch": pa.int64(), "offset": pa.int64(), "index": pa.int32(), "kind": pa.string(),
@@ -136,37 +139,67 @@ def _journal_spans(s: Settings, topic: str) -> dict[tuple[str, int], tuple[int, 
 
 
 def read_journal_range(s: Settings, r: Range) -> Iterator[pa.RecordBatch]:
-    wanted = RowFilter(queue=s.queue, since_ms=s.since_ms, until_ms=s.until_ms)
-    check = s.queue is not None or s.since_ms is not None or s.until_ms is not None
-    per_row = ("batch", "offset", "index")  # the rest come from the transition as it is
     c = s.consumer()
-    cols: dict[str, list[Any]] = {f: [] for f in FIELDS}
-    appends = [(f, cols[f].append) for f in FIELDS if f not in per_row]
-    batch_col, offset_col, index_col = (cols[f].append for f in per_row)
+    pending: list[pa.RecordBatch] = []
     rows = 0
     try:
         recs = ((rec.offset(), rec.value()) for rec in records(c, r.topic, r.partition, r.start))
         for batch in whole_batches(recs, r.end):
             for part in batch:
-                number, offset = part["batch"], part["offset"]
-                for i, t in enumerate(part["transitions"]):
-                    if check and not wanted({"batch": number, **t}):
-                        continue
-                    batch_col(number)
-                    offset_col(offset)
-                    index_col(i)
-                    for f, append in appends:
-                        append(t[f])
-                    rows += 1
+                arrow = _wanted(s, part_arrow(part))
+                if arrow.num_rows:
+                    pending.append(arrow)
+                    rows += arrow.num_rows
             if rows >= ROWS_PER_ARROW_BATCH:
-                yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
-                for f in FIELDS:
-                    cols[f].clear()
-                rows = 0
-        if rows:
-            yield pa.RecordBatch.from_pydict(cols, schema=JOURNAL_SCHEMA)
+                yield from pa.Table.from_batches(pending, JOURNAL_SCHEMA).combine_chunks() \
+                    .to_batches()
+                pending, rows = [], 0
+        if pending:
+            yield from pa.Table.from_batches(pending, JOURNAL_SCHEMA).combine_chunks().to_batches()
     finally:
         c.close()
+
+
+def part_arrow(part: dict[str, Any]) -> pa.RecordBatch:
+    """A journal part's transitions as an Arrow batch. A version 2 part's packed columns go
+    to Arrow as buffers, without a Python step per transition."""
+    cols = part.get("columns")
+    if not cols:  # version 1: one record per transition
+        listed = [{"batch": part["batch"], "offset": part["offset"], "index": i, **t}
+                  for i, t in enumerate(part["transitions"])]
+        return pa.RecordBatch.from_pylist(listed, schema=JOURNAL_SCHEMA)
+    n = cols["count"]
+    strings = pa.array(cols["strings"], pa.string())
+    arrays: dict[str, pa.Array] = {
+        "batch": pa.array(np.full(n, part["batch"], np.int64)),
+        "offset": pa.array(np.full(n, part["offset"], np.int64)),
+        "index": pa.array(np.arange(n, dtype=np.int32))}
+    for name, kind in COLUMNS:
+        if name not in JOURNAL_TYPES or name in arrays:
+            continue
+        if kind == "str":
+            ix = np.frombuffer(cols[name], "<i4")
+            arrays[name] = strings.take(pa.array(ix, mask=ix < 0))
+        else:
+            values = np.frombuffer(cols[name], _NUMPY[kind])
+            unset = (np.frombuffer(cols[f"{name}_set"], np.uint8) == 0
+                     if kind.endswith("?") else None)
+            arrays[name] = pa.array(values, JOURNAL_TYPES[name], mask=unset)
+    return pa.RecordBatch.from_pydict({f: arrays[f] for f in FIELDS}, schema=JOURNAL_SCHEMA)
+
+
+_NUMPY = {"int32": "<i4", "int64": "<i8", "int64?": "<i8", "double?": "<f8"}
+
+
+def _wanted(s: Settings, b: pa.RecordBatch) -> pa.RecordBatch:
+    """The rows the source's `queue`, `since` and `until` options keep."""
+    keep = None
+    for cond in ((pc.equal(b["queue"], s.queue) if s.queue is not None else None),
+                 (pc.greater_equal(b["at_ms"], s.since_ms) if s.since_ms is not None else None),
+                 (pc.less(b["at_ms"], s.until_ms) if s.until_ms is not None else None)):
+        if cond is not None:
+            keep = cond if keep is None else pc.and_(keep, cond)
+    return b if keep is None else b.filter(keep)
 
 
 class JournalReader(DataSourceReader):  # type: ignore[misc]

@@ -38,6 +38,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
+from broker.service.journal import encode_columns
 from broker.state.layout import Checkpoint, message_key
 from broker.state.store import Store
 
@@ -66,18 +67,6 @@ class Outbox:
 
     def __bool__(self) -> bool:
         return bool(self.copies or self.deliveries)
-
-
-def transition_record(t: Transition) -> dict[str, Any]:
-    return {
-        "kind": t.kind.value, "queue": t.queue, "at_ms": t.at_ms,
-        "bookmark": str(t.bookmark) if t.bookmark else None, "sub_id": t.sub_id,
-        "client": t.client, "delivery_count": t.delivery_count, "cancel_count": t.cancel_count,
-        "deadline_ms": t.deadline_ms, "reason": t.reason, "seq": t.seq,
-        "timestamp_ms": t.timestamp_ms, "max_backlog": t.max_backlog, "filter": t.filter,
-        "priority": t.priority, "barrier": t.barrier, "browse": t.browse,
-        "principal": t.principal,
-    }
 
 
 def latest_cursors(transitions: list[Transition]) -> list[Transition]:
@@ -137,7 +126,7 @@ class Committer:
         return frozenset({message_key(hit.queue, hit.bookmark)})
 
     def _journal(self, cp: Checkpoint) -> int:
-        rows = [transition_record(t) for t in latest_cursors(cp.transitions)]
+        rows = latest_cursors(cp.transitions)
         chunks = [rows[i:i + TRANSITIONS_PER_PART]
                   for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
         inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
@@ -149,7 +138,7 @@ class Committer:
                 "marker": None,
                 # positions ride on the last part: they count only once the batch is whole
                 "inputs": inputs if i == len(chunks) - 1 else [],
-                "transitions": chunk,
+                "transitions": [], "columns": encode_columns(chunk),
             }), partition=0)
             for i, chunk in enumerate(chunks)
         ]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 Part = dict[str, Any]
@@ -41,3 +44,80 @@ class BatchAssembler:
             return None
         whole, self._pending = self._pending, []
         return whole
+
+
+# -- the columns of a journal part (journal schema version 2) --------------------------------
+# A part carries its transitions column by column, each column packed into bytes, little
+# endian: string columns as int32 indexes into the part's table of distinct strings (-1 for
+# NULL), integers as int32 / int64, booleans as one byte, nullable numbers as values plus a
+# byte per row saying whether it is set. Packing and unpacking are C loops (`array`), not a
+# Python step per field, and a reader can hand the buffers to Arrow as they are. Parts of
+# version 1 list the transitions as records under "transitions" and are read as before.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("kind", "str"), ("queue", "str"), ("at_ms", "int64"), ("bookmark", "str"),
+    ("sub_id", "str"), ("client", "str"), ("delivery_count", "int32"),
+    ("cancel_count", "int32"), ("deadline_ms", "int64?"), ("reason", "str"), ("seq", "int64"),
+    ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
+    ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"))
+_CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
+assert array("i").itemsize == 4 and array("q").itemsize == 8 and array("d").itemsize == 8
+
+
+def _packed(code: str, values: Iterable[Any]) -> bytes:
+    a = array(code, values)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _unpacked(code: str, raw: bytes) -> array[Any]:
+    a = array(code)
+    a.frombytes(raw)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a
+
+
+def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
+    """Objects with the transition fields as attributes (enums and bookmarks as str) ->
+    the `columns` record of a journal part."""
+    table: dict[str, int] = {}
+    out: dict[str, Any] = {"count": len(rows)}
+    for name, kind in COLUMNS:
+        values = [getattr(r, name) for r in rows]
+        if kind == "str":
+            out[name] = _packed("i", (-1 if v is None else table.setdefault(str(v), len(table))
+                                      for v in values))
+        elif kind == "bool":
+            out[name] = bytes(1 if v else 0 for v in values)
+        elif kind.endswith("?"):
+            out[name] = _packed(_CODE[kind], (0 if v is None else v for v in values))
+            out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
+        else:
+            out[name] = _packed(_CODE[kind], values)
+    out["strings"] = list(table)
+    return out
+
+
+def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `columns` record of a journal part -> one dict per transition (as version 1)."""
+    strings = cols["strings"]
+    values: list[list[Any]] = []
+    for name, kind in COLUMNS:
+        if kind == "str":
+            values.append([None if i < 0 else strings[i] for i in _unpacked("i", cols[name])])
+        elif kind == "bool":
+            values.append([b == 1 for b in cols[name]])
+        elif kind.endswith("?"):
+            values.append([v if s else None for v, s in zip(
+                _unpacked(_CODE[kind], cols[name]), cols[f"{name}_set"], strict=True)])
+        else:
+            values.append(list(_unpacked(_CODE[kind], cols[name])))
+    names = [name for name, _ in COLUMNS]
+    return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def transitions_of(part: Part) -> list[dict[str, Any]]:
+    """A part's transitions as dicts, whichever version wrote it."""
+    cols = part.get("columns")
+    return decode_columns(cols) if cols else part["transitions"]

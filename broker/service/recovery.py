@@ -15,7 +15,7 @@ from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
-from broker.service.journal import BatchAssembler, Part
+from broker.service.journal import BatchAssembler, Part, transitions_of
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -105,7 +105,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         # shown its messages again, and its leases are delivered again (a duplicate copy
         # rather than a lost one, or a lease nobody knows of until it lapses).
         _replay(engine, cp, last, skip=Kind.BROWSED)
-        unsent = [transition_from(row) for p in last for row in p["transitions"]
+        unsent = [transition_from(row) for p in last for row in transitions_of(p)
                   if row["kind"] == Kind.LEASED.value]
     consumer.unassign()
     if replayed:
@@ -119,7 +119,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
 
 def _replay(engine: Engine, cp: Checkpoint, batch: list[Part], skip: Kind | None = None) -> None:
     for part in batch:
-        for row in part["transitions"]:
+        for row in transitions_of(part):
             t = transition_from(row)
             if t.kind is not skip:
                 engine.apply(t)

@@ -106,3 +106,22 @@ def test_a_streaming_journal_read_resumes_from_its_checkpoint_and_waits_for_whol
     assert run() == ["T/0/0", "T/0/1"]  # the half-written batch waits
     write(bootstrap, topic, [part(1, 1, 2, [3]), part(2, 0, 1, [4])])
     assert run() == ["T/0/0", "T/0/1", "T/0/2", "T/0/3", "T/0/4"]  # once each
+
+
+def test_packed_columns_reach_arrow_as_the_rows_they_hold():
+    from broker.history.journal import FIELDS
+    from broker.pipeline.sources import part_arrow
+    from broker.service.journal import encode_columns, transitions_of
+    from tests.unit.test_journal_batches import sample_transitions
+
+    part = wire.decode("journal", wire.encode("journal", {
+        "batch": 4, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": encode_columns(sample_transitions())}))
+    part["offset"] = 99
+    expected = [{f: {"batch": 4, "offset": 99, "index": i, **t}[f] for f in FIELDS}
+                for i, t in enumerate(transitions_of(part))]
+    assert part_arrow(part).to_pylist() == expected
+    old_style = {**part, "columns": None, "transitions": [
+        {**t, "max_backlog": 0, "filter": None, "priority": None, "barrier": False,
+         "browse": False, "principal": None} for t in transitions_of(part)]}
+    assert part_arrow(old_style).to_pylist() == expected  # version 1 parts too

@@ -29,3 +29,37 @@ def test_a_batch_journals_only_the_last_cursor_of_each_browser():
     enq = Transition(Kind.ENQUEUED, "Q", 0, Bookmark("T", 0, 1), seq=1)
     batch = [cursor("a", 0), cursor("b", 0), enq, cursor("a", 1)]
     assert latest_cursors(batch) == [cursor("b", 0), enq, cursor("a", 1)]
+
+
+def sample_transitions():
+    from broker.engine.transitions import Kind, Transition
+    from broker.values import Bookmark
+
+    return [
+        Transition(Kind.ENQUEUED, "ORDERS", 10, Bookmark("ORDERS", 3, 17), seq=5,
+                   timestamp_ms=9, priority=2.5, barrier=True),
+        Transition(Kind.LEASED, "ORDERS", 11, Bookmark("ORDERS", 3, 17), sub_id="s1",
+                   client="wörker", delivery_count=2, deadline_ms=70_011),
+        Transition(Kind.SUBSCRIBED, "ORDERS", 12, sub_id="s1", client="wörker", max_backlog=7,
+                   filter="/sym = 'IBM'", browse=True, principal="p", seq=-1),
+        Transition(Kind.REMOVED, "Q2", 13, Bookmark("T", 0, 2**40), cancel_count=3,
+                   reason="max-cancels", priority=-1e300),
+    ]
+
+
+def test_packed_columns_give_back_every_field_of_every_transition():
+    from broker import wire
+    from broker.service.journal import encode_columns, transitions_of
+
+    ts = sample_transitions()
+    part = wire.decode("journal", wire.encode("journal", {
+        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": encode_columns(ts)}))
+    rows = transitions_of(part)
+    assert len(rows) == len(ts)
+    for row, t in zip(rows, ts, strict=True):
+        for name, value in row.items():
+            expected = getattr(t, name)
+            expected = str(expected) if name in ("kind", "bookmark") and expected else expected
+            assert value == expected, (name, value, expected)
+    assert part["columns"]["strings"].count("ORDERS") == 1  # one table of distinct strings

@@ -32,9 +32,8 @@ def test_a_record_written_before_versions_were_marked_still_reads():
 def test_a_record_of_an_older_released_schema_reads_with_the_new_fields_defaulted(
         tmp_path, monkeypatch):
     old = json.loads((wire._schema_dir() / "journal.avsc").read_text())
-    fields = old["fields"][-1]["type"]["items"]["fields"]  # the transition record
-    old["fields"][-1]["type"]["items"]["fields"] = [f for f in fields
-                                                    if f["name"] not in ("principal", "browse")]
+    record = next(f for f in old["fields"] if f["name"] == "transitions")["type"]["items"]
+    record["fields"] = [f for f in record["fields"] if f["name"] not in ("principal", "browse")]
     shutil.copytree(wire._schema_dir(), tmp_path / "schemas")
     (tmp_path / "schemas" / "history" / "journal.0.avsc").write_text(json.dumps(old))
     monkeypatch.setattr(wire, "_schema_dir", lambda: tmp_path / "schemas")
