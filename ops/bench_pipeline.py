@@ -3,9 +3,10 @@
     python ops/bench_pipeline.py [--transitions 1000000] [--bootstrap HOST:PORT]
 
 Writes a journal of the given size to a fresh topic prefix, in the service's own record
-format and part size: messages enqueued, leased, acked, with one in ten cancelled once and
-leased again. Then runs `kq journal report` on local[2] twice in one session (the first
-warms it: JVM, Python workers) and reports the second: journal transitions per second.
+format (packed columns) and part size: messages enqueued, leased, acked, with one in ten
+cancelled once and leased again. Then runs `kq journal report` on local[2] twice in one
+session (the first warms it: JVM, Python workers) and reports the second: journal
+transitions per second.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,6 +29,7 @@ from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import given_or_embedded  # noqa: E402
 from broker.service.commit import TRANSITIONS_PER_PART  # noqa: E402
+from broker.service.journal import encode_columns  # noqa: E402
 
 BLANK = {"bookmark": None, "sub_id": None, "client": None, "delivery_count": 0,
          "cancel_count": 0, "deadline_ms": None, "reason": None, "seq": 0, "timestamp_ms": 0,
@@ -65,7 +68,8 @@ def write_journal(bootstrap: str, prefix: str, transitions: int) -> int:
         for i, chunk in enumerate(parts):
             p.produce(topic, wire.encode("journal", {
                 "batch": batch, "part": i, "parts": len(parts), "written_ms": at,
-                "marker": None, "inputs": [], "transitions": chunk}), partition=0)
+                "marker": None, "inputs": [], "transitions": [],
+                "columns": encode_columns([SimpleNamespace(**t) for t in chunk])}), partition=0)
             p.poll(0)
         batch += 1
         pending.clear()
