@@ -91,3 +91,16 @@ def test_changing_the_recovery_point_removes_everything_and_marks_a_reset():
     assert h.engine.resets(out) == {"Q"}
     q = h.engine.queue("Q")
     assert q.messages == {} and q.start_ms == 1_767_225_600_000
+
+
+def test_the_service_and_the_cli_start_without_spark():
+    """`kq serve` and every command but report, audit and replay --engine spark must not pay
+    for Spark (nor need it installed)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, broker.service.service, cli.main; "
+            "sys.exit(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pyspark', 'pyarrow', 'pandas', 'matplotlib')) or 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
