@@ -44,7 +44,7 @@ def journal_rows(c: Consumer, spans_: list[Span], wanted: Callable[[Row], bool],
     """Committed transitions of the journal, oldest first, filtered."""
     for topic, p, lo, end in spans_:
         recs = ((rec.offset(), rec.value()) for rec in _counted(
-            records(c, topic, p, lo), topic, p, progress))
+            records(c, topic, p, lo, settle_from=end), topic, p, progress))
         yield from rows_in(recs, end, wanted)
 
 

@@ -24,37 +24,46 @@ STALL_S = 30.0  # records that should be there but do not come: an error
 def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str, int],
                                                                       tuple[int, int]]:
     """Per (topic, partition): (first offset, the offset after the last record), the end
-    found by reading on from the reported high watermark until every partition is quiet."""
+    found by reading on from the reported high watermark: each partition's record there
+    must come (however slow the broker is), then everything after it until all are quiet."""
     found: dict[tuple[str, int], tuple[int, int]] = {}
     start: list[TopicPartition] = []
     for topic, p in partitions:
         low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
         found[(topic, p)] = (int(low), int(max(low, high)))
         start.append(TopicPartition(topic, p, int(max(low, high - 1))))
+    waiting = {(tp.topic, tp.partition) for tp in start if found[(tp.topic, tp.partition)][1]
+               > found[(tp.topic, tp.partition)][0]}
     if not start:
         return found
     c.assign(start)
     try:
         last_seen = time.monotonic()
-        while time.monotonic() - last_seen < IDLE_S:
+        while waiting or time.monotonic() - last_seen < IDLE_S:
             for rec in take(c, 1000, 0.05):
                 if rec.error() is not None:
                     continue
                 key = (rec.topic(), rec.partition())
                 low, end = found[key]
                 found[key] = (low, max(end, rec.offset() + 1))
+                waiting.discard(key)
                 last_seen = time.monotonic()
+            if waiting and time.monotonic() - last_seen > STALL_S:
+                raise KqError(f"no records from {sorted(waiting)[:3]} for {STALL_S:.0f} s "
+                              "although the broker reports some: is it up?")
     finally:
         c.unassign()
     return found
 
 
-def records(c: Consumer, topic: str, partition: int, start: int,
-            end: int | None = None) -> Iterator[Any]:
+def records(c: Consumer, topic: str, partition: int, start: int, end: int | None = None,
+            settle_from: int | None = None) -> Iterator[Any]:
     """The records of one partition from `start`, in order, up to `end` (excluded) or, with
-    no end, until the partition stays quiet for IDLE_S. The caller may stop early; the
+    no end, until the partition stays quiet for IDLE_S once it is at or past `settle_from`
+    (a known end: before it a quiet partition is only slow). The caller may stop early; the
     consumer is unassigned when the iteration ends."""
     c.assign([TopicPartition(topic, partition, start)])
+    settled = start if settle_from is None else settle_from
     position, last_seen = start, time.monotonic()
     try:
         while end is None or position < end:
@@ -75,18 +84,19 @@ def records(c: Consumer, topic: str, partition: int, start: int,
                 last_seen = time.monotonic()
                 continue
             quiet = time.monotonic() - last_seen
-            if end is None and quiet > IDLE_S:
+            if end is None and position >= settled and quiet > IDLE_S:
                 return
-            if end is not None:
-                # offsets may have gaps (transaction markers, compaction): the consumer's
-                # position tells when nothing is left below `end`
-                (tp,) = c.position([TopicPartition(topic, partition)])
-                if tp.offset >= end:
+            limit = end if end is not None else settled
+            # offsets may have gaps (transaction markers, compaction): the consumer's
+            # position tells when nothing is left below the end
+            (tp,) = c.position([TopicPartition(topic, partition)])
+            if tp.offset >= limit:
+                if end is not None:
                     return
-                if quiet > STALL_S:
-                    raise KqError(f"{topic}/{partition} stopped at offset {position} before "
-                                  f"{end}: is the broker up?")
+                position = max(position, tp.offset)
+            elif quiet > STALL_S:
+                raise KqError(f"{topic}/{partition} stopped at offset {position} before "
+                              f"{limit}: is the broker up?")
     finally:
         with contextlib.suppress(RuntimeError, KafkaException):  # closed by its owner already
             c.unassign()
-

@@ -143,7 +143,8 @@ def read_journal_range(s: Settings, r: Range) -> Iterator[pa.RecordBatch]:
     pending: list[pa.RecordBatch] = []
     rows = 0
     try:
-        recs = ((rec.offset(), rec.value()) for rec in records(c, r.topic, r.partition, r.start))
+        recs = ((rec.offset(), rec.value())
+                for rec in records(c, r.topic, r.partition, r.start, settle_from=r.end))
         for batch in whole_batches(recs, r.end):
             for part in batch:
                 arrow = _wanted(s, part_arrow(part))
