@@ -330,13 +330,13 @@ def report(
     with errors_to_exit_codes():
         from pathlib import Path
 
-        from broker.pipeline.report import journal_frame, run_report
+        from broker.pipeline.report import REPORT_COLUMNS, journal_frame, run_report
         from broker.pipeline.session import spark_session
 
         with _spinner("starting Spark and reading the journal"):
             spark = spark_session(master, "kq journal report")
             frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
-                                  src.kafka, queue, since, until)
+                                  src.kafka, queue, since, until, REPORT_COLUMNS)
             summary = run_report(spark, frame, Path(out))
     if json:
         sys.stdout.write(jsonlib.dumps(summary) + "\n")

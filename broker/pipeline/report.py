@@ -24,10 +24,18 @@ CHART_BUCKETS_MS = (100, 1_000, 10_000, 60_000, 600_000, 3_600_000, 86_400_000)
 CHART_POINTS = 150
 
 
+# the journal columns the report reads
+REPORT_COLUMNS = "queue,bookmark,kind,at_ms,client,reason"
+
+
 def journal_frame(spark: SparkSession, bootstrap: str, prefix: str, kafka: dict[str, str],
-                  queue: str | None, since: str | None, until: str | None) -> DataFrame:
+                  queue: str | None, since: str | None, until: str | None,
+                  columns: str | None = None) -> DataFrame:
+    """The kq-journal source with these options (`columns`: a subset, all by default)."""
     reader = (spark.read.format("kq-journal").option("bootstrap.servers", bootstrap)
               .option("topic_prefix", prefix))
+    if columns:
+        reader = reader.option("columns", columns)
     for key, value in (("queue", queue), ("since", since), ("until", until)):
         if value:
             reader = reader.option(key, value)
@@ -49,11 +57,12 @@ def per_message(journal: DataFrame) -> DataFrame:
         F.min(when(("enqueued",), at)).alias("enqueued_ms"),
         F.max(when(FINISHED, at)).alias("finished_ms"),
         F.max(F.when(kind == "acked", 1).otherwise(0)).alias("was_acked"),
-        F.max_by(when(("removed", "released"), F.coalesce(F.col("reason"), F.lit("removed"))),
-                 when(("removed", "released"), at)).alias("reason"),
+        # a life ends once: its one removal gives the reason, its one ack the client
+        F.max(when(("removed", "released"), F.coalesce(F.col("reason"), F.lit("removed"))))
+        .alias("reason"),
         F.count(when(DELIVERED, 1)).alias("deliveries"),
         F.max(when(DELIVERED, at)).alias("last_lease_ms"),
-        F.max_by(when(("acked",), F.col("client")), when(("acked",), at)).alias("acked_by"))
+        F.max(when(("acked",), F.col("client"))).alias("acked_by"))
         .withColumn("outcome", F.when(F.col("was_acked") == 1, "acked")
                     .when(F.col("finished_ms").isNotNull(), "removed").otherwise("queued"))
         .withColumn("latency_ms", F.when(F.col("outcome") == "acked",
@@ -62,25 +71,16 @@ def per_message(journal: DataFrame) -> DataFrame:
                                             F.col("finished_ms") - F.col("last_lease_ms"))))
 
 
-def summary_of(messages: DataFrame) -> tuple[dict[str, Any], int, int]:
-    """SPEC 8.1's summary object (without "seconds"), and the time span the messages cover
-    (first enqueue, last finish), from the per-message frame in two small jobs."""
+def summary_of(messages: DataFrame, records: int) -> dict[str, Any]:
+    """SPEC 8.1's summary object (without "seconds") from the frame of messages, in two
+    small jobs."""
     facts = messages.groupBy("queue", "outcome", "reason", "deliveries", "acked_by").agg(
-        F.sum("rows").alias("rows"), F.count(F.col("bookmark")).alias("messages"),
-        F.count(F.col("enqueued_ms")).alias("enqueued"),
+        F.count(F.lit(1)).alias("messages"), F.count(F.col("enqueued_ms")).alias("enqueued"),
         F.sum("processing_ms").alias("processing"), F.count("processing_ms").alias("timed"),
-        F.min("enqueued_ms").alias("first"), F.max("finished_ms").alias("last")).collect()
+    ).collect()
     queues: dict[str, Any] = {}
-    records, first, last = 0, None, None
     timing: dict[tuple[str, str], list[int]] = {}
     for r in facts:
-        records += r["rows"]
-        if not r["messages"]:  # the transitions of no message
-            continue
-        if r["first"] is not None:
-            first = r["first"] if first is None else min(first, r["first"])
-        if r["last"] is not None:
-            last = r["last"] if last is None else max(last, r["last"])
         q = queues.setdefault(r["queue"], {
             "enqueued": 0, "acked": 0, "removed": {}, "redelivered": 0,
             "deliveries_histogram": {}, "latency_ms": {}, "subscribers": {}})
@@ -110,7 +110,7 @@ def summary_of(messages: DataFrame) -> tuple[dict[str, Any], int, int]:
         if r["queue"] in queues:
             p = r["p"] or [None] * len(PERCENTILES)
             queues[r["queue"]]["latency_ms"] = {"p50": p[0], "p90": p[1], "p99": p[2]}
-    return {"records": records, "seconds": 0.0, "queues": queues}, first or 0, last or 0
+    return {"records": records, "seconds": 0.0, "queues": queues}
 
 
 def over_time(messages: DataFrame, bucket_ms: int) -> DataFrame:
@@ -140,25 +140,34 @@ def over_time(messages: DataFrame, bucket_ms: int) -> DataFrame:
 def run_report(spark: SparkSession, journal: DataFrame, out: Path) -> dict[str, Any]:
     """Write DIR/summary.json, DIR/messages/, DIR/per_minute/ and DIR/report.png; return the
     summary."""
+    from pyspark.sql import Observation
+
     from broker.pipeline.chart import draw
 
     started = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
-    messages = per_message(journal).cache()
-    (messages.where(F.col("bookmark").isNotNull())
+    # One pass over the journal: the per-message frame is written, and what the rest needs
+    # of all of it (every transition counted, the time span) is observed on the way; the
+    # rest reads the written Parquet back.
+    seen = Observation("journal")
+    (per_message(journal)
+     .observe(seen, F.sum("rows").alias("records"), F.min("enqueued_ms").alias("first"),
+              F.max("finished_ms").alias("last"))
+     .where(F.col("bookmark").isNotNull())
      .select("queue", "bookmark", "enqueued_ms", "finished_ms", "outcome", "reason",
              "deliveries", "acked_by", "latency_ms", "processing_ms")
      .write.mode("overwrite").parquet(str(out / "messages")))
-    summary, first, last = summary_of(messages)
+    observed = seen.get
+    messages = spark.read.parquet(str(out / "messages"))
+    summary = summary_of(messages, int(observed.get("records") or 0))
     # the chart: the finest bucket that draws at most CHART_POINTS points
-    bucket_ms = next((b for b in CHART_BUCKETS_MS if (last - first) / b <= CHART_POINTS),
+    span = (observed.get("last") or 0) - (observed.get("first") or 0)
+    bucket_ms = next((b for b in CHART_BUCKETS_MS if span / b <= CHART_POINTS),
                      CHART_BUCKETS_MS[-1])
-    series = over_time(messages, bucket_ms).cache()
-    per_minute = series if bucket_ms == 60_000 else over_time(messages, 60_000)
-    per_minute.write.mode("overwrite").parquet(str(out / "per_minute"))
+    over_time(messages, 60_000).write.mode("overwrite").parquet(str(out / "per_minute"))
+    series = (spark.read.parquet(str(out / "per_minute")) if bucket_ms == 60_000
+              else over_time(messages, bucket_ms))
     draw(series.toPandas(), summary, bucket_ms, out / "report.png")
-    series.unpersist()
-    messages.unpersist()
     summary["seconds"] = round(time.monotonic() - started, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -43,9 +43,14 @@ JOURNAL_TYPES = {
     "deadline_ms": pa.int64(), "reason": pa.string(), "seq": pa.int64(),
     "timestamp_ms": pa.int64()}
 JOURNAL_SCHEMA = pa.schema([(f, JOURNAL_TYPES[f]) for f in FIELDS])
-JOURNAL_DDL = ("batch long, offset long, index int, kind string, queue string, at_ms long, "
-               "bookmark string, client string, sub_id string, delivery_count int, "
-               "cancel_count int, deadline_ms long, reason string, seq long, timestamp_ms long")
+_SPARK_TYPE = {pa.int64(): "long", pa.int32(): "int", pa.string(): "string"}
+
+
+def journal_ddl(columns: tuple[str, ...]) -> str:
+    return ", ".join(f"{c} {_SPARK_TYPE[JOURNAL_TYPES[c]]}" for c in columns)
+
+
+JOURNAL_DDL = journal_ddl(FIELDS)
 TOPIC_SCHEMA = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
     ("timestamp_ms", pa.int64()), ("bookmark", pa.string()), ("key", pa.binary()),
@@ -65,6 +70,7 @@ class Settings:
     since_ms: int | None
     until_ms: int | None
     queue: str | None
+    columns: tuple[str, ...]  # the journal columns wanted (all by default)
     topics: str | None
     where: str | None
     per_partition: int
@@ -79,12 +85,25 @@ class Settings:
             since_ms=moment_ms(options.get("since"), now),
             until_ms=moment_ms(options.get("until"), now),
             queue=options.get("queue"), topics=options.get("topics"),
+            columns=_columns(options.get("columns")),
             where=options.get("where"),
             per_partition=int(options.get("records_per_partition", default_per_partition)),
             min_partitions=int(options.get("min_partitions", 2)))
 
     def consumer(self) -> Any:
         return clients.consumer(self.bootstrap, self.kafka, **{"fetch.wait.max.ms": 50})
+
+
+def _columns(text: str | None) -> tuple[str, ...]:
+    """The `columns` option: a comma-separated subset of the journal's columns (a Python
+    data source gets no column pruning from Spark, so a job says what it reads)."""
+    if not text:
+        return FIELDS
+    wanted = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in wanted if c not in FIELDS]
+    if unknown:
+        raise ValueError(f"unknown journal column(s) {unknown}: choose from {list(FIELDS)}")
+    return wanted
 
 
 class Range(InputPartition):  # type: ignore[misc]
@@ -115,7 +134,7 @@ class JournalSource(DataSource):  # type: ignore[misc]
         return "kq-journal"
 
     def schema(self) -> str:
-        return JOURNAL_DDL
+        return journal_ddl(_columns(self.options.get("columns")))
 
     def _settings(self) -> tuple[Settings, str]:
         s = Settings.of(dict(self.options), default_per_partition=5_000)
@@ -142,28 +161,29 @@ def read_journal_range(s: Settings, r: Range) -> Iterator[pa.RecordBatch]:
     c = s.consumer()
     pending: list[pa.RecordBatch] = []
     rows = 0
+    schema = pa.schema([(f, JOURNAL_TYPES[f]) for f in s.columns])
     try:
         recs = ((rec.offset(), rec.value())
                 for rec in records(c, r.topic, r.partition, r.start, settle_from=r.end))
         for batch in whole_batches(recs, r.end):
             for part in batch:
-                arrow = _wanted(s, part_arrow(part))
+                arrow = _wanted(s, part_arrow(part, s.columns)).select(list(s.columns))
                 if arrow.num_rows:
                     pending.append(arrow)
                     rows += arrow.num_rows
             if rows >= ROWS_PER_ARROW_BATCH:
-                yield from pa.Table.from_batches(pending, JOURNAL_SCHEMA).combine_chunks() \
-                    .to_batches()
+                yield from pa.Table.from_batches(pending, schema).combine_chunks().to_batches()
                 pending, rows = [], 0
         if pending:
-            yield from pa.Table.from_batches(pending, JOURNAL_SCHEMA).combine_chunks().to_batches()
+            yield from pa.Table.from_batches(pending, schema).combine_chunks().to_batches()
     finally:
         c.close()
 
 
-def part_arrow(part: dict[str, Any]) -> pa.RecordBatch:
-    """A journal part's transitions as an Arrow batch. A version 2 part's packed columns go
-    to Arrow as buffers, without a Python step per transition."""
+def part_arrow(part: dict[str, Any], columns: tuple[str, ...] = FIELDS) -> pa.RecordBatch:
+    """A journal part's transitions as an Arrow batch of `columns` (and those the filters
+    read). A version 2 part's packed columns go to Arrow as buffers, without a Python step
+    per transition."""
     cols = part.get("columns")
     if not cols:  # version 1: one record per transition
         listed = [{"batch": part["batch"], "offset": part["offset"], "index": i, **t}
@@ -175,8 +195,9 @@ def part_arrow(part: dict[str, Any]) -> pa.RecordBatch:
         "batch": pa.array(np.full(n, part["batch"], np.int64)),
         "offset": pa.array(np.full(n, part["offset"], np.int64)),
         "index": pa.array(np.arange(n, dtype=np.int32))}
+    needed = {*columns, "queue", "at_ms"}
     for name, kind in COLUMNS:
-        if name not in JOURNAL_TYPES or name in arrays:
+        if name not in needed or name in arrays:
             continue
         if kind == "str":
             ix = np.frombuffer(cols[name], "<i4")
@@ -186,7 +207,7 @@ def part_arrow(part: dict[str, Any]) -> pa.RecordBatch:
             unset = (np.frombuffer(cols[f"{name}_set"], np.uint8) == 0
                      if kind.endswith("?") else None)
             arrays[name] = pa.array(values, JOURNAL_TYPES[name], mask=unset)
-    return pa.RecordBatch.from_pydict({f: arrays[f] for f in FIELDS}, schema=JOURNAL_SCHEMA)
+    return pa.RecordBatch.from_pydict({f: arrays[f] for f in FIELDS if f in arrays})
 
 
 _NUMPY = {"int32": "<i4", "int64": "<i8", "int64?": "<i8", "double?": "<f8"}
