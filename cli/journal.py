@@ -97,6 +97,12 @@ DUMP_COLUMNS = (Col("batch", number=True), Col("offset", number=True, drop=2),
                 Col("cxl", number=True, drop=4), Col("reason", drop=1))
 
 
+def _transition_cells(r: dict[str, Any]) -> tuple[str, ...]:
+    return (str(r["batch"]), str(r["offset"]), _when(r["at_ms"]), r["kind"], r["queue"],
+            r["bookmark"] or "-", r["client"] or "-", str(r["delivery_count"]),
+            str(r["cancel_count"]), r["reason"] or "")
+
+
 @app.command()
 def dump(
     queue: Annotated[str | None, typer.Option(help="Only this queue's transitions.")] = None,
@@ -130,10 +136,7 @@ def dump(
                     rows.append(row)
     c.close()
     if not json:
-        render(console, DUMP_COLUMNS, [
-            (str(r["batch"]), str(r["offset"]), _when(r["at_ms"]), r["kind"], r["queue"],
-             r["bookmark"] or "-", r["client"] or "-", str(r["delivery_count"]),
-             str(r["cancel_count"]), r["reason"] or "") for r in rows])
+        render(console, DUMP_COLUMNS, [_transition_cells(r) for r in rows])
 
 
 def _bookmark(text: str) -> Bookmark:
@@ -223,10 +226,7 @@ def _life(bm: Bookmark, src: Source, json: bool) -> None:
                           f"{[(h['key'], h.get('value')) for h in record['headers']]}")
             console.print(record.get("value", record.get("value_b64")), highlight=False,
                           markup=False)
-        render(console, DUMP_COLUMNS, [
-            (str(r["batch"]), str(r["offset"]), _when(r["at_ms"]), r["kind"], r["queue"],
-             r["bookmark"] or "-", r["client"] or "-", str(r["delivery_count"]),
-             str(r["cancel_count"]), r["reason"] or "") for r in life])
+        render(console, DUMP_COLUMNS, [_transition_cells(r) for r in life])
     if record is None and not life:
         raise typer.Exit(1)
 
@@ -306,116 +306,3 @@ def _replay_here(src: Source, names: list[str], to: str, to_partitions: int, exp
                         to, to_partitions, dry_run)
     c.close()
     return counts
-
-
-MasterOpt = Annotated[str | None, typer.Option(
-    help="Spark master URL, e.g. spark://host:7077 (default local[*]: this machine's cores).")]
-
-
-@app.command()
-def report(
-    out: Annotated[str, typer.Option(help="Directory for summary.json, messages/, "
-                                          "per_minute/ and report.png.")],
-    queue: Annotated[str | None, typer.Option(help="Only this queue.")] = None,
-    since: SinceOpt = None, until: UntilOpt = None, master: MasterOpt = None,
-    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
-) -> None:
-    """What happened to each queue's messages, computed on Spark from the journal.
-
-    Per queue: enqueued, acked, removed by reason, redelivered, a histogram of deliveries,
-    enqueue-to-ack latency p50/p90/p99, and per subscriber acks and mean processing time.
-    Writes OUT/summary.json, Parquet OUT/messages/ and OUT/per_minute/, and OUT/report.png."""
-    _times(since, until)  # refuse a bad time before starting Spark
-    src = Source(config, bootstrap_servers)
-    with errors_to_exit_codes():
-        from pathlib import Path
-
-        from broker.pipeline.report import REPORT_COLUMNS, journal_frame, run_report
-        from broker.pipeline.session import spark_session
-
-        with _spinner("starting Spark and reading the journal"):
-            spark = spark_session(master, "kq journal report")
-            frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
-                                  src.kafka, queue, since, until, REPORT_COLUMNS)
-            summary = run_report(spark, frame, Path(out))
-    if json:
-        sys.stdout.write(jsonlib.dumps(summary) + "\n")
-        return
-    _show_summary(summary, out)
-
-
-@contextmanager
-def _spinner(what: str) -> Iterator[None]:
-    if not err_console.is_terminal:
-        yield
-        return
-    with err_console.status(what):
-        yield
-
-
-def _show_summary(summary: dict[str, Any], out: str) -> None:
-    console.print(f"[bold]{summary['records']:,}[/] transitions in {summary['seconds']:.1f} s; "
-                  f"written to {out}/ (summary.json, messages/, per_minute/, report.png)")
-    rows = []
-    for name, q in sorted(summary["queues"].items()):
-        lat = q["latency_ms"]
-        removed = ", ".join(f"{r} {n}" for r, n in sorted(q["removed"].items())) or "-"
-        rows.append((name, str(q["enqueued"]), str(q["acked"]), removed, str(q["redelivered"]),
-                     "/".join("-" if lat[k] is None else f"{lat[k]:.0f}"
-                              for k in ("p50", "p90", "p99"))))
-    render(console, (Col("queue", key=True), Col("enq", number=True), Col("acked", number=True),
-                     Col("removed"), Col("redlv", number=True),
-                     Col("ms p50/p90/p99", number=True)), rows)
-    for name, q in sorted(summary["queues"].items()):
-        hist = " ".join(f"{k}x:{v}" for k, v in q["deliveries_histogram"].items())
-        subs = ", ".join(f"{c} {s['acked']} acks ({s['mean_processing_ms'] or 0:.0f} ms)"
-                         for c, s in sorted(q["subscribers"].items()))
-        console.print(f"[bold]{name}[/] deliveries {hist or '-'}; subscribers: {subs or '-'}")
-
-
-@app.command()
-def audit(
-    master: MasterOpt = None,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the service's "
-                                                "snapshot.")] = 120.0,
-    config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
-) -> None:
-    """Rebuild every queue's state from the journal on Spark and compare it with the live
-    service.
-
-    The service answers with its state between two batches and says which journal batch it
-    reflects; the journal is replayed up to that batch, so the audit of a busy service is
-    exact. Each difference names queue, bookmark, field, the journal's value and the
-    service's. Exit 0 when there is none, 1 otherwise."""
-    from broker.client import QueueClient
-
-    src = Source(config, bootstrap_servers)
-    with errors_to_exit_codes():
-        with QueueClient(src.bootstrap, name="kq-cli", kafka_config=src.kafka,
-                         topic_prefix=src.config.service.topic_prefix,
-                         request_timeout=timeout) as client:
-            snapshot = client.query(what="snapshot")
-        from broker.pipeline.audit import audit as run_audit
-        from broker.pipeline.report import journal_frame
-        from broker.pipeline.session import spark_session
-
-        with _spinner(f"rebuilding the state at batch {snapshot['batch']} on Spark"):
-            spark = spark_session(master, "kq journal audit")
-            frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
-                                  src.kafka, None, None, None)
-            result = run_audit(spark, frame, snapshot)
-    if json:
-        sys.stdout.write(jsonlib.dumps(result) + "\n")
-    elif not result["differences"]:
-        console.print(f"no differences: {result['queues']} queue(s), {result['messages']} "
-                      f"message(s), as of journal batch {result['batch']}")
-    else:
-        render(console, (Col("queue", key=True), Col("bookmark", key=True), Col("field"),
-                         Col("journal"), Col("service")),
-               [(d["queue"], d["bookmark"] or "-", d["field"], str(d["journal"]),
-                 str(d["service"])) for d in result["differences"]])
-        console.print(f"[red]{len(result['differences'])} difference(s)[/] "
-                      f"({result['differing_messages']} message(s)) as of journal batch "
-                      f"{result['batch']}")
-    if result["differences"]:
-        raise typer.Exit(1)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from cli import inspect, journal, manual, serve
+# journal_spark adds the Spark commands (report, audit) to journal.app
+from cli import inspect, journal, journal_spark, manual, serve  # noqa: F401
 
 app = typer.Typer(
     name="kq",
