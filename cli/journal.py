@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json as jsonlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -97,6 +98,16 @@ DUMP_COLUMNS = (Col("batch", number=True), Col("offset", number=True, drop=2),
                 Col("cxl", number=True, drop=4), Col("reason", drop=1))
 
 
+def _print_or_keep(items: Iterable[dict[str, Any]], json: bool) -> list[dict[str, Any]]:
+    """With --json, print each item as a JSON line as it comes (nothing kept); otherwise
+    keep them for the table."""
+    if not json:
+        return list(items)
+    for item in items:
+        sys.stdout.write(jsonlib.dumps(item) + "\n")
+    return []
+
+
 def _transition_cells(r: dict[str, Any]) -> tuple[str, ...]:
     return (str(r["batch"]), str(r["offset"]), _when(r["at_ms"]), r["kind"], r["queue"],
             r["bookmark"] or "-", r["client"] or "-", str(r["delivery_count"]),
@@ -123,17 +134,11 @@ def dump(
     src = Source(config, bootstrap_servers)
     wanted = RowFilter(queue, frozenset(kind or ()), bookmark, since_ms, until_ms)
     c = src.consumer()
-    rows = []
     with errors_to_exit_codes():
         spans = reading.journal_spans(c, src.bootstrap, src.kafka, src.journal_topic)
         with _progress(spans, "reading the journal") as progress:
-            for shown, row in enumerate(reading.journal_rows(c, spans, wanted, progress)):
-                if limit is not None and shown >= limit:
-                    break
-                if json:
-                    sys.stdout.write(jsonlib.dumps(row) + "\n")
-                else:
-                    rows.append(row)
+            found = reading.journal_rows(c, spans, wanted, progress)
+            rows = _print_or_keep(itertools.islice(found, limit), json)
     c.close()
     if not json:
         render(console, DUMP_COLUMNS, [_transition_cells(r) for r in rows])
@@ -182,17 +187,12 @@ def grep(
     since_ms, until_ms = _times(since, until)
     src = Source(config, bootstrap_servers)
     c = src.consumer()
-    rows: list[dict[str, Any]] = []
     with errors_to_exit_codes():
         names = reading.matching_topics(src.bootstrap, src.kafka, topics or "")
         spans = reading.spans(c, src.bootstrap, src.kafka, names)
         with _progress(spans, "searching") as progress:
-            for rec in reading.topic_records(c, spans, since_ms, until_ms, expr, progress):
-                found = reading.message_json(rec)
-                if json:
-                    sys.stdout.write(jsonlib.dumps(found) + "\n")
-                else:
-                    rows.append(found)
+            found = reading.topic_records(c, spans, since_ms, until_ms, expr, progress)
+            rows = _print_or_keep((reading.message_json(rec) for rec in found), json)
     c.close()
     if not json:
         render(console, (Col("bookmark", key=True), Col("time (UTC)", key=True),
