@@ -26,7 +26,8 @@ lint: install-test
 	$(BIN)/ruff check broker cli tests ops
 	$(BIN)/mypy broker
 
-bench: install
+bench: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python ops/bench.py
 
 clean:

@@ -298,8 +298,12 @@ class QueueClient:
             except ValueError as exc:
                 log.warning("ignored an unreadable record on %s: %s", self._deliver_topic, exc)
                 continue
-            if env["kind"] == "message":
-                self._route_message(env)
+            if env["kind"] == "messages":
+                for d in env["deliveries"]:
+                    self._route_message(env["sub_id"], env["queue"], env["format"], d)
+                continue
+            if env["kind"] == "message":  # one message per record, as older services send
+                self._route_message(env["sub_id"], env["queue"], env["format"], env)
                 continue
             rid = env["request_id"]
             if rid in self._waiting:
@@ -323,27 +327,26 @@ class QueueClient:
             whole["rows"] = [row for i in range(chunks) for row in parts[i]["rows"]]
             self._replies[rid] = (None, whole)
 
-    def _route_message(self, env: dict[str, Any]) -> None:
-        sub = self._subs.get(env["sub_id"])
+    def _route_message(self, sub_id: str, queue: str, fmt: str, d: dict[str, Any]) -> None:
+        sub = self._subs.get(sub_id)
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
         # After a crash the service sends its last leases again, not knowing whether they
         # went out: a copy of one already received (same message, same delivery count) is
         # dropped. The queue's arrival number tells a bookmark enqueued again apart.
-        key = (env["sub_id"], env["bookmark"], env["seq"], env["delivery_count"])
+        key = (sub_id, d["bookmark"], d["seq"], d["delivery_count"])
         if key in self._received:
             return
         self._received[key] = None
         if len(self._received) > RECEIVED_KEPT:
             self._received.popitem(last=False)
-        deadline = env["lease_deadline_ms"]
+        deadline = d["lease_deadline_ms"]
         sub._buffer.append(Message(
-            queue=env["queue"], bookmark=env["bookmark"],
-            data=_decode_data(env["format"], env["value"]), value=env["value"], key=env["key"],
-            headers=[(h["key"], h["value"]) for h in env["headers"]],
-            delivery_count=env["delivery_count"],
+            queue=queue, bookmark=d["bookmark"], data=_decode_data(fmt, d["value"]),
+            value=d["value"], key=d["key"], headers=[(h["key"], h["value"]) for h in d["headers"]],
+            delivery_count=d["delivery_count"],
             lease_deadline=None if deadline is None else deadline / 1000,
-            is_barrier=env["is_barrier"], timestamp=env["timestamp_ms"] / 1000, _client=self,
+            is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000, _client=self,
             browsed=sub.mode == "browse",
         ))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -204,7 +205,24 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int) -> dict[str, float]:
+def profiler(pid: int, out: Path | None) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling the service (with --profile): stop it with SIGINT to write `out`."""
+    if out is None:
+        return None
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen([str(spy), "record", "--pid", str(pid), "--format", "raw",
+                             "--rate", "200", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait()
+
+
+def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
+           profile: Path | None = None) -> dict[str, float]:
     prefix = f"kqb{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
     clients.ensure_topics(clients.admin(bs), [queue])
@@ -213,11 +231,13 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int) -> 
     try:
         wait_stat(bs, prefix, queue, "enqueued", n)
         outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
+        spy = profiler(proc.pid, profile)
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog))
                    for i in range(subs)]
         wait_stat(bs, prefix, queue, "acked", n)
         drain_s = time.monotonic() - start
+        stop_profiler(spy)
         for w in workers:
             w.wait()
         outs2 = [tmp / f"{prefix}-p{i}.json" for i in range(subs)]
@@ -282,6 +302,9 @@ def main() -> None:
     ap.add_argument("--rss-messages", type=int, default=50000)
     ap.add_argument("--bootstrap")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", type=Path, metavar="FILE",
+                    help="sample kq serve with py-spy during the drain phase; write the "
+                         "collapsed stacks to FILE (summarise: ops/profile_top.py FILE)")
     ap.add_argument("--pipeline", action="store_true",
                     help="also time `kq journal report` on local[2] (ops/bench_pipeline.py)")
     ap.add_argument("--pipeline-transitions", type=int, default=1_000_000)
@@ -289,7 +312,7 @@ def main() -> None:
     with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp)
-        kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog)
+        kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog, a.profile)
         rss = run_rss(bs, a.rss_messages, tmp)
         pipeline = None
         if a.pipeline:

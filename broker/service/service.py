@@ -36,6 +36,7 @@ from broker.expr import Doc
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
+from broker.service.envelopes import Envelopes
 from broker.service.inputs import SERVICE, Inputs
 from broker.service.metrics import Metrics
 from broker.service.queries import SNAPSHOT, answer, snapshot
@@ -89,6 +90,7 @@ class _Batch:
     outbox: Outbox = field(default_factory=Outbox)
     resumes: set[str] = field(default_factory=set)  # queues to read on after the commit
     snapshots: list[Query] = field(default_factory=list)  # answered once the batch is in
+    envelopes: Envelopes | None = None  # deliveries, packed per subscription at the commit
 
 
 class Service:
@@ -188,11 +190,13 @@ class Service:
                 continue  # lapsed while the service was down: the first tick returns it
             self._deliver(Deliver(sub.client, sub.sub_id, q.name, msg.bookmark,
                                   msg.delivery_count, msg.deadline_ms, seq=msg.seq), batch)
-        if batch.outbox:
-            log.info("sent %d lease(s) of the last batch again", len(batch.outbox.deliveries))
+        if batch.envelopes:
+            log.info("sent %d lease(s) of the last batch again", len(batch.envelopes or ()))
             self._commit(batch, records_in=0)
 
     def _commit(self, batch: _Batch, records_in: int) -> None:
+        if batch.envelopes:  # after the replies: a subscription is known before its messages
+            batch.outbox.deliveries.extend(batch.envelopes.records())
         self._committer.commit(batch.cp, batch.outbox)
         self.inputs.positions.update(batch.cp.positions)
         for queue in batch.resumes:  # only now: the rest of the batch must not overtake
@@ -231,7 +235,7 @@ class Service:
         if took > SLOW_BATCH_S:
             log.info("slow batch: %d records, %d transitions, %d deliveries; %.0f ms "
                      "(engine %.0f ms)", len(records), len(batch.cp.transitions),
-                     len(batch.outbox.deliveries), took * 1000, (handled - started) * 1000)
+                     len(batch.envelopes or ()), took * 1000, (handled - started) * 1000)
 
     def _answer_snapshots(self, queries: list[Query]) -> None:
         """State snapshots, taken between batches: the state is exactly that of the last
@@ -336,15 +340,11 @@ class Service:
         p = self._payload(d.bookmark, batch)
         if p is None:
             raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
-        env = wire.encode("envelope", {
-            "kind": "message", "request_id": "", "sub_id": d.sub_id, "queue": d.queue,
-            "bookmark": str(d.bookmark), "delivery_count": d.delivery_count,
-            "lease_deadline_ms": d.lease_deadline_ms, "is_barrier": d.is_barrier, "seq": d.seq,
-            "format": self.engine.queues[d.queue].config.format, "key": p.key, "value": p.value,
-            "headers": [{"key": k, "value": v} for k, v in p.headers],
-            "timestamp_ms": p.timestamp_ms, "body": None, "error": None,
-        })
-        batch.outbox.deliveries.append(OutRecord(self.topics.deliver(d.client), env))
+        if batch.envelopes is None:
+            batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
+        batch.envelopes.add(self.topics.deliver(d.client), d.sub_id, d.queue,
+                            self.engine.queues[d.queue].config.format, str(d.bookmark),
+                            d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq, p)
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
         p = self._payload(d.bookmark, batch)

@@ -6,10 +6,10 @@ from collections import OrderedDict
 from broker.client import QueueClient, Subscription
 
 
-def envelope(seq: int, delivery_count: int = 1) -> dict:
-    return {"kind": "message", "sub_id": "s1", "queue": "Q", "bookmark": "T/0/7", "seq": seq,
-            "delivery_count": delivery_count, "lease_deadline_ms": None, "is_barrier": False,
-            "format": "json", "key": None, "value": b"{}", "headers": [], "timestamp_ms": 0}
+def delivery(seq: int, delivery_count: int = 1) -> dict:
+    return {"bookmark": "T/0/7", "seq": seq, "delivery_count": delivery_count,
+            "lease_deadline_ms": None, "is_barrier": False, "key": None, "value": b"{}",
+            "headers": [], "timestamp_ms": 0}
 
 
 def offline_client() -> tuple[QueueClient, Subscription]:
@@ -21,9 +21,9 @@ def offline_client() -> tuple[QueueClient, Subscription]:
 
 def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
     client, sub = offline_client()
-    client._route_message(envelope(seq=3))
-    client._route_message(envelope(seq=3))  # the same lease, sent again after a crash
-    client._route_message(envelope(seq=3, delivery_count=2))  # delivered again: new
-    client._route_message(envelope(seq=9))  # the bookmark enqueued again (a reset): new
+    client._route_message("s1", "Q", "json", delivery(seq=3))
+    client._route_message("s1", "Q", "json", delivery(seq=3))  # the same lease, sent again after a crash
+    client._route_message("s1", "Q", "json", delivery(seq=3, delivery_count=2))  # delivered again: new
+    client._route_message("s1", "Q", "json", delivery(seq=9))  # the bookmark enqueued again (a reset): new
     assert [(m.bookmark, m.delivery_count) for m in sub._buffer] == [
         ("T/0/7", 1), ("T/0/7", 2), ("T/0/7", 1)]
