@@ -28,6 +28,7 @@ from confluent_kafka import TopicPartition
 from broker import wire
 from broker.errors import CommandError, KqError
 from broker.kafka import clients
+from broker.packed import split_blob, unpack_array, unpack_payload
 from broker.values import CLIENT_NAME, Bookmark, Duration
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
@@ -65,6 +66,19 @@ class Message:
     def expire(self) -> None:
         if not self.browsed:
             self._client._send("expire", queue=self.queue, bookmarks=[self.bookmark])
+
+
+def unpack_deliveries(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The deliveries of a `messages` envelope's packed columns (broker/service/envelopes.py)."""
+    payloads = split_blob(batch["payloads"], unpack_array("i", batch["payload_sizes"]))
+    for bookmark, dc, deadline, seq, barrier, payload in zip(
+            batch["bookmarks"].split("\n"), unpack_array("i", batch["delivery_counts"]),
+            unpack_array("q", batch["lease_deadlines"]), unpack_array("q", batch["seqs"]),
+            batch["barriers"], payloads, strict=True):
+        key, value, headers, ts = unpack_payload(payload)
+        yield {"bookmark": bookmark, "delivery_count": dc, "lease_deadline_ms": deadline or None,
+               "is_barrier": bool(barrier), "seq": seq, "key": key, "value": value,
+               "headers": headers, "timestamp_ms": ts}
 
 
 def _decode_data(fmt: str, value: bytes | None) -> Any:
@@ -299,10 +313,11 @@ class QueueClient:
                 log.warning("ignored an unreadable record on %s: %s", self._deliver_topic, exc)
                 continue
             if env["kind"] == "messages":
-                for d in env["deliveries"]:
+                for d in unpack_deliveries(env["batch"]):
                     self._route_message(env["sub_id"], env["queue"], env["format"], d)
                 continue
             if env["kind"] == "message":  # one message per record, as older services send
+                env["headers"] = [(h["key"], h["value"]) for h in env["headers"]]
                 self._route_message(env["sub_id"], env["queue"], env["format"], env)
                 continue
             rid = env["request_id"]
@@ -343,7 +358,7 @@ class QueueClient:
         deadline = d["lease_deadline_ms"]
         sub._buffer.append(Message(
             queue=queue, bookmark=d["bookmark"], data=_decode_data(fmt, d["value"]),
-            value=d["value"], key=d["key"], headers=[(h["key"], h["value"]) for h in d["headers"]],
+            value=d["value"], key=d["key"], headers=d["headers"],
             delivery_count=d["delivery_count"],
             lease_deadline=None if deadline is None else deadline / 1000,
             is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000, _client=self,

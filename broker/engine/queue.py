@@ -160,9 +160,11 @@ class QueueState:
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
         # Kept as messages come and go so queries cost O(log n), not a walk of the queue:
         # record timestamps of the messages still in it (timestamp -> how many; sent ones
-        # have left), and per source partition the offsets of every unfinished message.
+        # have left), and per source partition the offsets of its messages in arrival order,
+        # finished ones dropped lazily from the front (arrival order is offset order within
+        # a partition, so the front is the lowest unfinished offset).
         self.timestamps: SortedDict = SortedDict()
-        self.offsets: dict[tuple[str, int], SortedList] = {}
+        self.offsets: dict[tuple[str, int], deque[int]] = {}
 
     @property
     def name(self) -> str:
@@ -224,9 +226,12 @@ class QueueState:
     def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per source partition: the offset below which every message is finished."""
         points = dict(positions)
-        for tp, offsets in self.offsets.items():
+        for (topic, partition), offsets in self.offsets.items():
+            while offsets and Bookmark(topic, partition, offsets[0]) not in self.messages:
+                offsets.popleft()
             if offsets:
-                points[tp] = min(points.get(tp, offsets[0]), offsets[0])
+                points[(topic, partition)] = min(points.get((topic, partition), offsets[0]),
+                                                 offsets[0])
         return points
 
     # -- changing --------------------------------------------------------------------------
@@ -304,8 +309,7 @@ class QueueState:
         elif new_state is MessageState.AVAILABLE:
             self._make_available(msg)
         else:  # terminal
-            del self.messages[msg.bookmark]
-            self.offsets[(msg.bookmark.topic, msg.bookmark.partition)].discard(msg.bookmark.offset)
+            del self.messages[msg.bookmark]  # its entry in offsets goes when it reaches the front
             if msg.is_barrier:
                 self.barriers.pop(msg.seq, None)
             if new_state is MessageState.ACKED:
@@ -340,7 +344,15 @@ class QueueState:
     def _count_in(self, msg: Message) -> None:
         """Enter a new or restored message in the indexes queries read."""
         bm = msg.bookmark
-        self.offsets.setdefault((bm.topic, bm.partition), SortedList()).add(bm.offset)
+        offsets = self.offsets.setdefault((bm.topic, bm.partition), deque())
+        # Rebuilt when read again from an earlier offset (a reset), and when finished ones
+        # pile up behind an old unfinished one at the front (amortised O(1)).
+        if (offsets and offsets[-1] >= bm.offset) or len(offsets) > 2 * len(self.messages) + 1024:
+            self.offsets[(bm.topic, bm.partition)] = deque(sorted(
+                m.bookmark.offset for m in self.messages.values()
+                if (m.bookmark.topic, m.bookmark.partition) == (bm.topic, bm.partition)))
+        else:
+            offsets.append(bm.offset)
         if msg.state is not MessageState.SENT:
             self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
 

@@ -2,61 +2,82 @@
 
 A record per message costs the service a produce call and a delivery report, and the client a
 fetch entry and a decode, whatever the message's size; packing a batch's deliveries to one
-subscription into one `messages` envelope pays those once. A record never grows past the
-largest one kq may write: a pack that would is closed and the next one started.
+subscription into one `messages` envelope pays those once. The envelope's columns are packed
+arrays and the payloads go in as stored (`broker.packed`), so a delivery costs no Avro work.
+A record never grows past the largest one kq may write: a pack that would is closed and the
+next one started.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
 
 from broker import wire
+from broker.packed import pack_array
 from broker.service.commit import OutRecord
-from broker.state.layout import Payload
 
-# What an envelope adds around its deliveries, and each delivery around its payload (names,
-# counts, bookmark): generous, so a pack always stays under the record size limit.
+# What an envelope adds around its payloads, and each delivery (bookmark, counts): generous,
+# so a pack always stays under the record size limit.
 ENVELOPE_OVERHEAD = 1024
 DELIVERY_OVERHEAD = 512
+
+
+@dataclass
+class _Pack:
+    bookmarks: list[str] = field(default_factory=list)
+    delivery_counts: list[int] = field(default_factory=list)
+    lease_deadlines: list[int] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    barriers: list[int] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def encode(self, sub_id: str, queue: str, fmt: str) -> bytes:
+        return wire.encode("envelope", {
+            "kind": "messages", "sub_id": sub_id, "queue": queue, "format": fmt,
+            "batch": {
+                "count": len(self.bookmarks), "bookmarks": "\n".join(self.bookmarks),
+                "delivery_counts": pack_array("i", self.delivery_counts),
+                "lease_deadlines": pack_array("q", self.lease_deadlines),
+                "seqs": pack_array("q", self.seqs), "barriers": bytes(self.barriers),
+                "payload_sizes": pack_array("i", map(len, self.payloads)),
+                "payloads": b"".join(self.payloads),
+            }})
 
 
 class Envelopes:
     """The deliveries of one batch, grouped by subscription, in the order they were made."""
 
     def __init__(self, max_record_bytes: int) -> None:
-        self._max = max_record_bytes
-        # (topic, sub_id, queue, format) -> packs, each a list of deliveries and its size
-        self._packs: dict[tuple[str, str, str, str], list[tuple[list[dict[str, Any]], int]]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._packs)
+        self._max = max_record_bytes - ENVELOPE_OVERHEAD
+        # (topic, sub_id, queue, format) -> its packs, the last one open
+        self._packs: dict[tuple[str, str, str, str], list[_Pack]] = {}
+        self._count = 0
 
     def __len__(self) -> int:
-        return sum(len(p[0]) for packs in self._packs.values() for p in packs)
+        return self._count
 
     def add(self, topic: str, sub_id: str, queue: str, fmt: str, bookmark: str,
             delivery_count: int, lease_deadline_ms: int | None, is_barrier: bool, seq: int,
-            payload: Payload) -> None:
-        packs = self._packs.setdefault((topic, sub_id, queue, fmt), [])
-        size = payload.size + DELIVERY_OVERHEAD
-        if not packs or packs[-1][1] + size > self._max - ENVELOPE_OVERHEAD:
-            packs.append(([], 0))
-        items, used = packs[-1]
-        items.append({
-            "bookmark": bookmark, "delivery_count": delivery_count,
-            "lease_deadline_ms": lease_deadline_ms, "is_barrier": is_barrier, "seq": seq,
-            "key": payload.key, "value": payload.value,
-            "headers": [{"key": k, "value": v} for k, v in payload.headers],
-            "timestamp_ms": payload.timestamp_ms,
-        })
-        packs[-1] = (items, used + size)
+            payload: bytes) -> None:
+        packs = self._packs.get((topic, sub_id, queue, fmt))
+        if packs is None:
+            packs = self._packs[(topic, sub_id, queue, fmt)] = [_Pack()]
+        size = len(payload) + DELIVERY_OVERHEAD
+        pack = packs[-1]
+        if pack.bookmarks and pack.size + size > self._max:
+            pack = _Pack()
+            packs.append(pack)
+        pack.bookmarks.append(bookmark)
+        pack.delivery_counts.append(delivery_count)
+        pack.lease_deadlines.append(lease_deadline_ms or 0)
+        pack.seqs.append(seq)
+        pack.barriers.append(is_barrier)
+        pack.payloads.append(payload)
+        pack.size += size
+        self._count += 1
 
     def records(self) -> list[OutRecord]:
         """One record per pack; the deliveries of one subscription in the order made."""
-        out = []
-        for (topic, sub_id, queue, fmt), packs in self._packs.items():
-            for items, _ in packs:
-                out.append(OutRecord(topic, wire.encode("envelope", {
-                    "kind": "messages", "sub_id": sub_id, "queue": queue, "format": fmt,
-                    "deliveries": items})))
-        return out
+        return [OutRecord(topic, pack.encode(sub_id, queue, fmt))
+                for (topic, sub_id, queue, fmt), packs in self._packs.items() for pack in packs]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
+
+from broker.packed import pack_array, unpack_array
 
 Part = dict[str, Any]
 
@@ -60,22 +60,6 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
     ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"))
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
-assert array("i").itemsize == 4 and array("q").itemsize == 8 and array("d").itemsize == 8
-
-
-def _packed(code: str, values: Iterable[Any]) -> bytes:
-    a = array(code, values)
-    if sys.byteorder == "big":
-        a.byteswap()
-    return a.tobytes()
-
-
-def _unpacked(code: str, raw: bytes) -> array[Any]:
-    a = array(code)
-    a.frombytes(raw)
-    if sys.byteorder == "big":
-        a.byteswap()
-    return a
 
 
 def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
@@ -86,15 +70,15 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     for name, kind in COLUMNS:
         values = [getattr(r, name) for r in rows]
         if kind == "str":
-            out[name] = _packed("i", (-1 if v is None else table.setdefault(str(v), len(table))
+            out[name] = pack_array("i", (-1 if v is None else table.setdefault(str(v), len(table))
                                       for v in values))
         elif kind == "bool":
             out[name] = bytes(1 if v else 0 for v in values)
         elif kind.endswith("?"):
-            out[name] = _packed(_CODE[kind], (0 if v is None else v for v in values))
+            out[name] = pack_array(_CODE[kind], (0 if v is None else v for v in values))
             out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
         else:
-            out[name] = _packed(_CODE[kind], values)
+            out[name] = pack_array(_CODE[kind], values)
     out["strings"] = list(table)
     return out
 
@@ -105,14 +89,14 @@ def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:
     values: list[list[Any]] = []
     for name, kind in COLUMNS:
         if kind == "str":
-            values.append([None if i < 0 else strings[i] for i in _unpacked("i", cols[name])])
+            values.append([None if i < 0 else strings[i] for i in unpack_array("i", cols[name])])
         elif kind == "bool":
             values.append([b == 1 for b in cols[name]])
         elif kind.endswith("?"):
             values.append([v if s else None for v, s in zip(
-                _unpacked(_CODE[kind], cols[name]), cols[f"{name}_set"], strict=True)])
+                unpack_array(_CODE[kind], cols[name]), cols[f"{name}_set"], strict=True)])
         else:
-            values.append(list(_unpacked(_CODE[kind], cols[name])))
+            values.append(list(unpack_array(_CODE[kind], cols[name])))
     names = [name for name, _ in COLUMNS]
     return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 

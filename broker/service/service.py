@@ -344,7 +344,8 @@ class Service:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self.topics.deliver(d.client), d.sub_id, d.queue,
                             self.engine.queues[d.queue].config.format, str(d.bookmark),
-                            d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq, p)
+                            d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq,
+                            p.encode())
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
         p = self._payload(d.bookmark, batch)

@@ -116,7 +116,7 @@ def bookmarks_in(record) -> list[str]:
         env = wire.decode("envelope", record.value())
     except ValueError:
         return []
-    return [d["bookmark"] for d in env["deliveries"]] if env["kind"] == "messages" else []
+    return env["batch"]["bookmarks"].split("\n") if env["kind"] == "messages" else []
 
 
 @pytest.mark.parametrize("step", [2, 3, 4])

@@ -1,6 +1,7 @@
 """The client drops a copy of a delivery it already has (sent again after a crash), and only
 that: the same bookmark enqueued again, or delivered again, is a new delivery."""
 
+import functools
 from collections import OrderedDict
 
 from broker.client import QueueClient, Subscription
@@ -21,9 +22,10 @@ def offline_client() -> tuple[QueueClient, Subscription]:
 
 def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
     client, sub = offline_client()
-    client._route_message("s1", "Q", "json", delivery(seq=3))
-    client._route_message("s1", "Q", "json", delivery(seq=3))  # the same lease, sent again after a crash
-    client._route_message("s1", "Q", "json", delivery(seq=3, delivery_count=2))  # delivered again: new
-    client._route_message("s1", "Q", "json", delivery(seq=9))  # the bookmark enqueued again (a reset): new
+    route = functools.partial(client._route_message, "s1", "Q", "json")
+    route(delivery(seq=3))
+    route(delivery(seq=3))  # the same lease, sent again after a crash
+    route(delivery(seq=3, delivery_count=2))  # delivered again: new
+    route(delivery(seq=9))  # the bookmark enqueued again (a reset): new
     assert [(m.bookmark, m.delivery_count) for m in sub._buffer] == [
         ("T/0/7", 1), ("T/0/7", 2), ("T/0/7", 1)]
