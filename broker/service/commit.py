@@ -1,22 +1,30 @@
 """The commit order: the one place that decides what becomes durable when.
 
-Each batch the service processed is made durable in four numbered steps. A crash (kill -9)
-may fall into any gap between them; recovery (`broker.service.recovery`) makes every gap safe:
+Each batch the service processed is made durable in four numbered steps. Batches are
+pipelined: step 3 of a batch rides in the same flush as step 2 of the next one, so a busy
+service waits for Kafka once per batch, not twice. A crash (kill -9) may fall into any gap;
+recovery (`broker.service.recovery`) makes every gap safe:
 
   1. COPIES     produce forwarded records and dead-letter copies; flush; all must be acked.
                 Crash after: the batch is not committed, its inputs are read again and the
                 copies are produced again (a duplicate copy, never a lost one).
   2. JOURNAL    produce the batch's transitions and its input positions to PREFIX.journal,
-                split into parts; flush. The batch is committed once its last part is in Kafka.
+                split into parts, together with step 3 of the batch before; flush. The batch
+                is committed once its last part is in Kafka.
                 Crash after: recovery replays the journal tail into RocksDB and resumes inputs
                 from the journaled positions. Deliveries of this batch were never sent: its
                 leases are sent again at start (the client drops a copy it already has) and
                 browsers are shown its messages again; at-most-once messages are lost, never
                 duplicated, as that mode promises.
-  3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>; flush.
-                Crash after: as after 2, but subscribers got their messages.
-  4. STATE      write the state the batch touched, the input positions and the journal offset
-                to RocksDB in one WriteBatch.
+  3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>: with step 2 of the
+                next batch, or alone once no input is waiting; flush.
+                Crash after: as after 2, but subscribers got their messages. The journal of
+                the next batch may be in too: it is replayed the same way.
+  4. STATE      write the state the batch left, encoded when it was processed, with its input
+                positions and journal offset, to RocksDB in one WriteBatch. RocksDB therefore
+                never holds a batch whose deliveries may not have gone out: the journal tail
+                recovery replays (at most the last two batches) is exactly what may be unsent.
+                Until then, the payloads the batch stores are read from memory.
 
 Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
 after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
@@ -29,6 +37,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +48,9 @@ from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
 from broker.service.journal import encode_columns
-from broker.state.layout import Checkpoint, message_key
+from broker.state.layout import Checkpoint, Payload, StateChanges, message_key
 from broker.state.store import Store
+from broker.values import Bookmark
 
 log = logging.getLogger("kq.commit")
 
@@ -58,6 +68,15 @@ class OutRecord:
     key: bytes | None = None
     headers: Headers | None = None
     partition: int = -1  # -1: the producer's partitioner decides
+
+
+@dataclass
+class _Held:
+    """A journaled batch whose deliveries and state wait for the next flush (steps 3, 4)."""
+
+    cp: Checkpoint
+    deliveries: list[OutRecord]
+    changes: StateChanges
 
 
 @dataclass
@@ -92,6 +111,7 @@ class Committer:
         self._engine = engine
         self._journal_topic = journal_topic
         self.next_batch = next_batch
+        self._held: _Held | None = None
         # The journal only grows; an offset at or below the last one means Kafka lost it.
         self.last_offset = -1
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
@@ -101,20 +121,50 @@ class Committer:
         # gets a transition of this kind, so the service differs from its journal.
         self._drop_kind = os.environ.get("KQ_TEST_DROP_STATE_WRITE")
 
+    @property
+    def holding(self) -> bool:
+        """Whether a batch's deliveries and state wait for the next flush."""
+        return self._held is not None
+
+    def held_payload(self, bm: Bookmark) -> Payload | None:
+        """A payload the held batch stores, not in RocksDB yet."""
+        return self._held.changes.payloads.get(bm) if self._held is not None else None
+
     def commit(self, cp: Checkpoint, outbox: Outbox) -> None:
+        """Steps 1 and 2 of this batch, 3 and 4 of the one held; then hold this one."""
         if not (cp.transitions or cp.positions or outbox):
             return
         self._produce_all(outbox.copies, fatal=True, what="forward/dead-letter copies")
         self._crash_point(1, cp)
-        if cp.transitions or cp.positions:
-            cp.batch = self.next_batch
-            cp.journal_offset = self._journal(cp)
-            self.next_batch += 1
+        held, self._held = self._held, None
+        journal = self._journal_records(cp) if cp.transitions or cp.positions else []
+        offsets = self._produce_all(journal, fatal=True, what="journal",
+                                    also=held.deliveries if held else ())
+        if journal:
+            self._journaled(cp, offsets)
         self._crash_point(2, cp)
-        self._produce_all(outbox.deliveries, fatal=False, what="deliveries")
-        self._crash_point(3, cp)
-        cp.write(self._store, self._engine, skip=self._dropped_write(cp))
-        self._crash_point(4, cp)
+        if held is not None:
+            self._crash_point(3, held.cp)
+            self._write_state(held)
+        self._held = _Held(cp, outbox.deliveries,
+                           cp.changes(self._engine, skip=self._dropped_write(cp)))
+
+    def flush_held(self) -> None:
+        """Steps 3 and 4 of the held batch, now: no input is waiting to carry them."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self._produce_all(held.deliveries, fatal=False, what="deliveries")
+        self._crash_point(3, held.cp)
+        self._write_state(held)
+
+    def send_now(self, records: list[OutRecord]) -> None:
+        """Replies that need no journal (state snapshots): produced and flushed at once."""
+        self._produce_all(records, fatal=False, what="replies")
+
+    def _write_state(self, held: _Held) -> None:
+        held.changes.write_to(self._store)
+        self._crash_point(4, held.cp)
 
     def _dropped_write(self, cp: Checkpoint) -> frozenset[bytes]:
         hit = next((t for t in cp.transitions if t.kind == self._drop_kind and t.bookmark), None)
@@ -125,14 +175,16 @@ class Committer:
                     hit.bookmark)
         return frozenset({message_key(hit.queue, hit.bookmark)})
 
-    def _journal(self, cp: Checkpoint) -> int:
+    def _journal_records(self, cp: Checkpoint) -> list[OutRecord]:
+        cp.batch = self.next_batch
+        self.next_batch += 1
         rows = latest_cursors(cp.transitions)
         chunks = [rows[i:i + TRANSITIONS_PER_PART]
                   for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
         inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
                   for (r, t, p), o in sorted(cp.positions.items())]
         now = int(time.time() * 1000)
-        records = [
+        return [
             OutRecord(self._journal_topic, wire.encode("journal", {
                 "batch": cp.batch, "part": i, "parts": len(chunks), "written_ms": now,
                 "marker": None,
@@ -142,10 +194,10 @@ class Committer:
             }), partition=0)
             for i, chunk in enumerate(chunks)
         ]
-        offsets = self._produce_all(records, fatal=True, what="journal")
+
+    def _journaled(self, cp: Checkpoint, offsets: list[int]) -> None:
         self._check_grows(offsets[0])
-        self.last_offset = offsets[-1]
-        return offsets[-1]
+        self.last_offset = cp.journal_offset = offsets[-1]
 
     def _check_grows(self, offset: int) -> None:
         if offset <= self.last_offset:
@@ -164,11 +216,19 @@ class Committer:
         self.last_offset = max(self.last_offset, offset)
         return offset
 
-    def _produce_all(self, records: list[OutRecord], fatal: bool, what: str) -> list[int]:
-        if not records:
+    def _produce_all(self, records: list[OutRecord], fatal: bool, what: str,
+                     also: Sequence[OutRecord] = ()) -> list[int]:
+        """Produce `records` (their offsets are returned; a failure is fatal if `fatal`) and
+        `also` (deliveries riding along: a failure is logged), and flush them all."""
+        if not records and not also:
             return []
         offsets: list[int] = [-1] * len(records)
         errors: list[str] = []
+        lost: list[str] = []
+
+        def lost_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                lost.append(f"{msg.topic()}: {err.str()}")
 
         def report(i: int) -> Any:
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
@@ -178,27 +238,35 @@ class Committer:
                     offsets[i] = msg.offset() or 0
             return on_delivery
 
+        for r in also:
+            self._produce(r, lost_delivery, lost)
         for i, r in enumerate(records):
-            while True:
-                try:
-                    self._producer.produce(r.topic, r.value, r.key,
-                                           headers=r.headers,  # type: ignore[arg-type]
-                                           partition=r.partition, on_delivery=report(i))
-                    break
-                except BufferError:  # local queue full: let it drain
-                    self._producer.poll(0.05)
-                except KafkaException as exc:  # refused locally (too large, bad topic name)
-                    errors.append(f"{r.topic}: {exc.args[0].str()}")
-                    break
+            self._produce(r, report(i), errors)
         left = self._producer.flush(FLUSH_TIMEOUT_S)
         if left:
-            errors.append(f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
+            (errors if records else lost).append(
+                f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
+        if lost:
+            log.error("producing deliveries failed: %s", "; ".join(lost[:5]))
         if errors:
             message = f"producing {what} failed: {'; '.join(errors[:5])}"
             if fatal:
                 raise DeliveryFailedError(message)
             log.error(message)
         return offsets
+
+    def _produce(self, r: OutRecord, on_delivery: Any, errors: list[str]) -> None:
+        while True:
+            try:
+                self._producer.produce(r.topic, r.value, r.key,
+                                       headers=r.headers,  # type: ignore[arg-type]
+                                       partition=r.partition, on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: let it drain
+                self._producer.poll(0.05)
+            except KafkaException as exc:  # refused locally (too large, bad topic name)
+                errors.append(f"{r.topic}: {exc.args[0].str()}")
+                return
 
     def _crash_point(self, step: int, cp: Checkpoint) -> None:
         if self._crash_after != step or not cp.transitions:

@@ -60,11 +60,12 @@ class Inputs:
                                for t in self.command_topics])
         self.refresh(force=True)
 
-    def poll(self, max_records: int) -> list[Message]:
-        """The next records: commands first, then source records."""
+    def poll(self, max_records: int, wait: bool = True) -> list[Message]:
+        """The next records: commands first, then source records; with `wait`, wait a little
+        for some when none are there."""
         commands = clients.take(self._commands, max_records, 0)
         sources = clients.take(self._consumer, max_records, 0)
-        if not commands and not sources:
+        if wait and not commands and not sources:
             commands = clients.take(self._commands, max_records, IDLE_WAIT_S)
             if not commands:
                 sources = clients.take(self._consumer, max_records, IDLE_WAIT_S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
@@ -30,6 +31,7 @@ from broker.values import Bookmark
 
 log = logging.getLogger("kq.recovery")
 
+UNSENT_BATCHES = 2  # the journal batches whose deliveries a crash may have cut
 JOURNAL_STALL_TIMEOUT_S = 30.0  # give up when the journal yields nothing for this long
 
 
@@ -38,8 +40,9 @@ class Recovered:
     positions: dict[ReaderKey, int]
     next_batch: int
     replayed_batches: int
-    # Leases of the last journaled batch: its deliveries may not have gone out before the
-    # crash, so the service sends them again (the client drops a copy it already has).
+    # Leases of the last two journaled batches: their deliveries may not have gone out
+    # before the crash (commit steps 2-3 are pipelined), so the service sends them again
+    # (the client drops a copy it already has).
     unsent: list[Transition] = field(default_factory=list)
 
 
@@ -68,7 +71,8 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             f"state has seen offset {meta['offset']}: Kafka lost data (was the embedded broker "
             "restarted?). Delete the service's data_dir to start afresh from Kafka."
         )
-    cp = Checkpoint(positions={}, batch=meta["batch"])
+    # the batch after the last one the state holds (meta["batch"] is that one)
+    cp = Checkpoint(positions={}, batch=meta["batch"] + 1 if meta["offset"] >= 0 else 0)
     replayed = 0
     batches = BatchAssembler()
     consumer.assign([TopicPartition(journal_topic, 0, meta["offset"] + 1)])
@@ -77,7 +81,9 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                     marker_offset)
     deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
     done = meta["offset"] + 1 >= marker_offset
-    last: list[Part] | None = None  # the latest whole batch, replayed once the next is in
+    # the latest whole batches, each replayed once two more are in: their deliveries may not
+    # have been sent (broker.service.commit)
+    last: deque[list[Part]] = deque()
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
@@ -94,19 +100,19 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             part = wire.decode("journal", rec.value())
             whole = batches.add(part)
             if whole is not None:
-                if last is not None:
-                    _replay(engine, cp, last)
-                last = whole
+                if len(last) == UNSENT_BATCHES:
+                    _replay(engine, cp, last.popleft())
+                last.append(whole)
                 cp.batch, cp.journal_offset = part["batch"] + 1, off
                 replayed += 1
     unsent: list[Transition] = []
-    if last is not None:
-        # The crash may have come before this batch's deliveries were sent: browsers are
-        # shown its messages again, and its leases are delivered again (a duplicate copy
+    for batch in last:
+        # The crash may have come before these batches' deliveries were sent: browsers are
+        # shown their messages again, and their leases are delivered again (a duplicate copy
         # rather than a lost one, or a lease nobody knows of until it lapses).
-        _replay(engine, cp, last, skip=Kind.BROWSED)
-        unsent = [transition_from(row) for p in last for row in transitions_of(p)
-                  if row["kind"] == Kind.LEASED.value]
+        _replay(engine, cp, batch, skip=Kind.BROWSED)
+        unsent += [transition_from(row) for p in batch for row in transitions_of(p)
+                   if row["kind"] == Kind.LEASED.value]
     consumer.unassign()
     if replayed:
         _refetch_payloads(store, engine, consumer, cp)

@@ -153,6 +153,7 @@ class Service:
                      len(self.engine.queues), rec.replayed_batches)
             while not self._stop.is_set():
                 self._step()
+            self._committer.flush_held()
         finally:
             self._consumer.close()
             self._commands.close()
@@ -205,7 +206,8 @@ class Service:
 
     def _step(self) -> None:
         self.inputs.refresh()
-        records = self.inputs.poll(BATCH_SIZE)
+        # With a batch held, take only what is there: if nothing is, it goes out now.
+        records = self.inputs.poll(BATCH_SIZE, wait=not self._committer.holding)
         started = time.monotonic()
         now = now_ms()
         batch = _Batch()
@@ -229,6 +231,8 @@ class Service:
         self._run(ev.Tick(), now, batch)
         handled = time.monotonic()
         self._commit(batch, records_in=len(records))
+        if not records:
+            self._committer.flush_held()
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)
         took = time.monotonic() - started
@@ -246,7 +250,7 @@ class Service:
         for q in queries:
             for body in snapshot(self.engine, last):
                 self._reply(replies, q.client, q.request_id, body=body)
-        self._committer.commit(replies.cp, replies.outbox)  # replies only: no journal
+        self._committer.send_now(replies.outbox.deliveries)  # replies only: no journal
 
     def _source_record(self, rec: KafkaMessage, bm: Bookmark, readers: list[str], now: int,
                        batch: _Batch) -> None:
@@ -273,7 +277,7 @@ class Service:
         """A queued message's Doc, read back from this batch or the store (filters on
         subscriptions and ack by filter ask; nothing is kept per message in memory)."""
         assert self._store is not None
-        payload = self._batch_payloads.get(bm) or load_payload(self._store, bm)
+        payload = self._batch_payloads.get(bm) or self._stored_payload(bm)
         return None if payload is None else self._doc(queue, payload)
 
     def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc | None:
@@ -333,8 +337,12 @@ class Service:
 
     # -- effects ---------------------------------------------------------------------------
     def _payload(self, bm: Bookmark, batch: _Batch) -> Payload | None:
+        return batch.cp.payloads.get(bm) or self._stored_payload(bm)
+
+    def _stored_payload(self, bm: Bookmark) -> Payload | None:
+        """A queued message's payload: held for the next state write, or in the store."""
         assert self._store is not None
-        return batch.cp.payloads.get(bm) or load_payload(self._store, bm)
+        return self._committer.held_payload(bm) or load_payload(self._store, bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
         p = self._payload(d.bookmark, batch)

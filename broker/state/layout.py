@@ -167,6 +167,11 @@ class Checkpoint:
     def write(self, store: Store, engine: Engine, skip: frozenset[bytes] = frozenset()) -> None:
         """Write the engine's current state of every key the transitions touched (but the
         keys in `skip`: tests use it to lose a write on purpose)."""
+        self.changes(engine, skip).write_to(store)
+
+    def changes(self, engine: Engine, skip: frozenset[bytes] = frozenset()) -> StateChanges:
+        """The engine's current state of every key the transitions touched, encoded now (the
+        engine moves on) to be written later."""
         puts: dict[bytes, bytes] = {}
         deletes: list[bytes] = []
         touched_queues: set[str] = set()
@@ -208,8 +213,22 @@ class Checkpoint:
         if self.journal_offset is not None:
             puts[META_JOURNAL] = json.dumps(
                 {"offset": self.journal_offset, "batch": self.batch}).encode()
-        store.write({k: v for k, v in puts.items() if k not in skip},
-                    [k for k in deletes if k not in skip])
+        if skip:
+            puts = {k: v for k, v in puts.items() if k not in skip}
+            deletes = [k for k in deletes if k not in skip]
+        return StateChanges(puts, deletes, self.payloads)
+
+
+@dataclass
+class StateChanges:
+    """One batch's writes, encoded, and the payloads it stores (readable before the write)."""
+
+    puts: dict[bytes, bytes]
+    deletes: list[bytes]
+    payloads: dict[Bookmark, Payload]
+
+    def write_to(self, store: Store) -> None:
+        store.write(self.puts, self.deletes)
 
 
 def load_positions(store: Store) -> dict[ReaderKey, int]:
