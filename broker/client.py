@@ -4,8 +4,9 @@ Commands go to PREFIX.commands; messages and replies come back on PREFIX.deliver
 Subscribing and batch acks wait for the service's answer and raise `CommandError` when it
 refuses; `msg.ack()`, `msg.cancel()` and `msg.expire()` are sent without waiting, and any
 refusal the service sends back is kept in `client.errors`. `msg.ack()` is batched: the acks
-made while handling messages go out together when the subscriber next waits for messages,
-at the next heartbeat, on `flush()` or `close()`, or every ACK_BATCH acks.
+made while handling messages go out together when half the subscription's backlog is acked,
+when the subscriber next waits for messages, at the next heartbeat, on `flush()` or
+`close()`, or every ACK_BATCH acks.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class Subscription:
         quiet_since = time.monotonic()
         while not self.closed:
             if self._buffer:
+                # Acks go out once half the backlog is acked, not only when the buffer runs
+                # dry: the service refills the first half while this one is worked on.
+                if self.client._pending_count(self.queue) >= max(1, self.backlog // 2):
+                    self.client._flush_acks()
                 yield self._buffer.popleft()
                 quiet_since = time.monotonic()
                 continue
@@ -261,6 +266,9 @@ class QueueClient:
             full = len(pending) >= ACK_BATCH
         if full:
             self._flush_acks()
+
+    def _pending_count(self, queue: str) -> int:
+        return len(self._pending_acks.get(queue, ()))
 
     def _flush_acks(self) -> None:
         with self._lock:
