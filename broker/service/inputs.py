@@ -29,7 +29,12 @@ log = logging.getLogger("kq.inputs")
 SERVICE = ""  # the reader name of the service itself
 UNSET = -1  # a position not read yet: start at the reader's recovery point
 TOPIC_REFRESH_S = 2.0
-IDLE_WAIT_S = 0.005  # when nothing is waiting: how long to wait on each consumer
+# When nothing is waiting, the service waits on one consumer at a time, in turn: a record
+# arriving on the other waits that long. Short while records keep coming (latency), longer
+# once the service has been idle a while (an idle service should not spin).
+BUSY_WAIT_S = 0.001
+IDLE_WAIT_S = 0.005
+IDLE_AFTER_S = 0.5
 
 
 class Inputs:
@@ -37,6 +42,7 @@ class Inputs:
                  router: Router, engine: Engine, command_topics: list[str],
                  positions: dict[ReaderKey, int], required: tuple[str, ...] = ()) -> None:
         self._consumer, self._admin, self._router = consumer, admin, router
+        self._last_input = 0.0  # monotonic time records last came in
         self._commands = commands
         self._engine = engine
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
@@ -66,9 +72,13 @@ class Inputs:
         commands = clients.take(self._commands, max_records, 0)
         sources = clients.take(self._consumer, max_records, 0)
         if wait and not commands and not sources:
-            commands = clients.take(self._commands, max_records, IDLE_WAIT_S)
+            idle = time.monotonic() - self._last_input > IDLE_AFTER_S
+            pause = IDLE_WAIT_S if idle else BUSY_WAIT_S
+            commands = clients.take(self._commands, max_records, pause)
             if not commands:
-                sources = clients.take(self._consumer, max_records, IDLE_WAIT_S)
+                sources = clients.take(self._consumer, max_records, pause)
+        if commands or sources:
+            self._last_input = time.monotonic()
         return commands + sources
 
     def readers(self, topic: str) -> tuple[str, ...]:
