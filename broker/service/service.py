@@ -123,12 +123,13 @@ class Service:
 
     def run(self) -> None:
         """Connect, recover, then serve until `stop()`."""
+        svc = self.config.service
         clients.check_reachable(self.bootstrap, self.kafka_extra)
         self._admin = clients.admin(self.bootstrap, self.kafka_extra)
         clients.ensure_topics(self._admin, list(self._command_topics))
         # The journal is the state: a new queue state is rebuilt from all of it.
         clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
-        store = self._store or RocksStore(self.config.service.data_dir)
+        store = self._store or RocksStore(svc.data_dir, int(svc.memory_budget))
         self._store = store
         self._producer = clients.producer(self.bootstrap, self.kafka_extra)
         # Sources prefetch little: what is fetched ahead is memory, and work queued in

@@ -5,16 +5,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from broker.errors import StateError
 
+DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+
+
+def bounded_options(memory_budget: int) -> Options:
+    """RocksDB's own memory held to `memory_budget` bytes: half for the block cache (reads),
+    a quarter for memtables (two write buffers of an eighth each, then flushed), the rest
+    for index and filter blocks, which are kept in the block cache too so they count."""
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    table = BlockBasedOptions()
+    table.set_block_cache(Cache(memory_budget // 2))
+    table.set_cache_index_and_filter_blocks(True)
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(max(memory_budget // 8, 1024 * 1024))
+    options.set_max_write_buffer_number(2)
+    options.set_db_write_buffer_size(memory_budget // 4)
+    return options
+
 
 class RocksStore:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
+        options = bounded_options(memory_budget)
         try:
             self._db = Rdict(str(path), options)
         except Exception as exc:  # rocksdict raises plain Exception on a held lock
