@@ -1,77 +1,135 @@
 """Engine-only benchmark of dispatch behind a deep queue (no Kafka, no disk).
 
-Two cases that used to cost O(depth) per event:
-  filter   a filtered subscriber waits for rare matches while N unmatched messages wait
-  barrier  a barrier waits for acks while N messages are held behind it
+For each queue type, N messages wait in the queue; then each step is one arrival plus one
+ack by a subscriber that holds a full backlog (so the ack makes room and dispatch picks the
+next message). Prints the engine time per step at each depth, side by side: dispatch is
+O(log n) when the figure does not grow with the depth.
 
-Prints the engine time per arriving message. Run: python ops/bench_dispatch.py [--depth N]
+  plain             oldest first
+  priority          /p, ten levels
+  filter            a filtered subscriber waits for rare matches among N unmatched ones
+  barrier           a barrier waits for acks while N messages are held behind it
+  target-depth      TargetQueueDepth N: the active part is N deep
+  priority+barrier  priority queue holding a barrier (walks the queue: O(depth))
+
+Run: python ops/bench_dispatch.py [--depths 20000,1000000] [--steps 500] [--cases ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.config import QueueConfig  # noqa: E402
 from broker.engine import events as ev  # noqa: E402
+from broker.engine.effects import Deliver  # noqa: E402
 from broker.engine.engine import Engine  # noqa: E402
 from broker.expr import Doc  # noqa: E402
 from broker.values import Bookmark  # noqa: E402
 
 NOW = 1_000_000
+BACKLOG = 10
 
 
 class Feed:
-    def __init__(self, engine: Engine) -> None:
-        self.engine, self.offset = engine, 0
+    """One queue "Q" on topic T, fed and drained through the engine."""
+
+    def __init__(self, **queue: object) -> None:
+        self.engine = Engine([QueueConfig(name="Q", **queue)])  # type: ignore[arg-type]
+        self.offset = 0
+        self.held: list[Bookmark] = []
+        self.rng = random.Random(7)
 
     def publish(self, data: dict) -> None:
         bm = Bookmark("T", 0, self.offset)
         self.offset += 1
-        self.engine.handle(ev.MessageArrived("Q", bm, NOW, 10, Doc(data, {})), NOW)
+        self.take(self.engine.handle(ev.MessageArrived("Q", bm, NOW, 10, Doc(data, {})), NOW))
+
+    def subscribe(self, sub_id: str, filter: str | None = None) -> None:
+        self.take(self.engine.handle(ev.Subscribed("w", sub_id, "Q", BACKLOG, "r", filter), NOW))
+
+    def ack_one(self) -> None:
+        if self.held:
+            bm = self.held.pop(0)
+            self.take(self.engine.handle(ev.Acked("w", "Q", (bm,), ""), NOW))
+
+    def take(self, effects: list) -> None:
+        self.held += [e.bookmark for e in effects if isinstance(e, Deliver) and not e.is_barrier]
 
 
-def timed(feed: Feed, arrivals: int, data: dict) -> float:
-    """Milliseconds of engine time per arriving message."""
+def plain(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed()
+    return feed, lambda: {"n": 1}
+
+
+def priority(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(priority="/p")
+    return feed, lambda: {"p": feed.rng.randrange(10)}
+
+
+def filtered(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed()
+    return feed, lambda: {"sym": "IBM" if feed.rng.random() < 0.001 else "MSFT"}
+
+
+def barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(barrier_expression="/flush = true")
+    return feed, lambda: {"flush": False}
+
+
+def target_depth(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(target_queue_depth=depth)
+    return feed, lambda: {"n": 1}
+
+
+def priority_barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(priority="/p", barrier_expression="/flush = true")
+    return feed, lambda: {"p": feed.rng.randrange(10), "flush": False}
+
+
+CASES = {"plain": plain, "priority": priority, "filter": filtered, "barrier": barrier,
+         "target-depth": target_depth, "priority+barrier": priority_barrier}
+
+
+def measure(case: str, depth: int, steps: int) -> float:
+    """Milliseconds of engine time per step (one arrival, one ack) at this depth."""
+    feed, data = CASES[case](depth)
+    if case in ("barrier", "priority+barrier"):
+        for _ in range(BACKLOG):
+            feed.publish(data())
+        feed.publish({"flush": True})  # waits for the first BACKLOG to be acked
+    for _ in range(depth):
+        feed.publish(data())
+    if case == "filter":
+        feed.subscribe("f", "/sym = 'IBM'")
+    feed.subscribe("w")
+    if case in ("barrier", "priority+barrier"):
+        feed.held.clear()  # never acked: the barrier keeps waiting
     started = time.perf_counter()
-    for _ in range(arrivals):
-        feed.publish(data)
-    return (time.perf_counter() - started) / arrivals * 1000
-
-
-def filter_case(depth: int, arrivals: int) -> float:
-    feed = Feed(Engine([QueueConfig(name="Q")]))
-    for _ in range(depth):
-        feed.publish({"sym": "MSFT"})
-    feed.engine.handle(ev.Subscribed("w", "w-Q", "Q", 10, "r", "/sym = 'IBM'"), NOW)
-    return timed(feed, arrivals, {"sym": "MSFT"})
-
-
-def barrier_case(depth: int, arrivals: int) -> float:
-    feed = Feed(Engine([QueueConfig(name="Q", barrier_expression="/flush = true")]))
-    for _ in range(10):
-        feed.publish({"flush": False})
-    feed.publish({"flush": True})
-    for _ in range(depth):
-        feed.publish({"flush": False})
-    feed.engine.handle(ev.Subscribed("w", "w-Q", "Q", 10, "r"), NOW)  # leases the first 10
-    return timed(feed, arrivals, {"flush": False})
+    for _ in range(steps):
+        feed.publish(data())
+        feed.ack_one()
+    return (time.perf_counter() - started) / steps * 1000
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--depth", type=int, default=20000)
-    ap.add_argument("--arrivals", type=int, default=500)
+    ap.add_argument("--depths", default="20000,1000000")
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--cases", default=",".join(CASES))
     a = ap.parse_args()
-    print(f"filter : {filter_case(a.depth, a.arrivals):.3f} ms per arrival behind "
-          f"{a.depth} unmatched waiting messages")
-    print(f"barrier: {barrier_case(a.depth, a.arrivals):.3f} ms per arrival behind a waiting "
-          f"barrier and {a.depth} held messages")
+    depths = [int(d) for d in a.depths.split(",")]
+    print(f"{'ms per step at depth':20}" + "".join(f"{d:>12,}" for d in depths))
+    for case in a.cases.split(","):
+        row = [measure(case, d, a.steps) for d in depths]
+        print(f"{case:20}" + "".join(f"{ms:12.3f}" for ms in row), flush=True)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,34 @@ def test_crash_while_acking_never_redelivers_an_acked_message(bootstrap, setup, 
         finally:
             serve.stop()
     assert len(bms) == 3
+
+
+def test_a_crash_after_deliveries_rode_with_the_next_journal_replays_both_batches(
+        bootstrap, setup):
+    """The pipelined gap: batch k's deliveries went out with batch k+1's journal, and neither
+    batch's state reached RocksDB. Recovery replays both; the lease is sent again and the
+    client drops the copy; nothing is lost or enqueued twice."""
+    name, cfg, prefix, serve = setup('lease_period = "1h"\n')
+    serve.start(KQ_CRASH_AFTER_STEP="3", KQ_CRASH_ON_KIND="leased", KQ_TEST_NO_IDLE_FLUSH="1")
+    with QueueClient(bootstrap, topic_prefix=prefix, heartbeat_interval=0.2) as c:
+        sub = c.subscribe(name)
+        bms = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}'])
+        # the lease's batch is held until the next one (a heartbeat at the latest) journals
+        assert serve.wait_exit() == SIGKILLED
+        got = drain(sub, 1, timeout=2)  # it went out in that flush
+        serve.start()
+        try:
+            log = serve.log_path.read_text()
+            assert "replayed 2 journal batches" in log, log
+            got += drain(sub, 1, timeout=1)  # the lease sent again: a copy, dropped
+            assert [(m.bookmark, m.delivery_count) for m in got] == [(bms[0], 1)]
+            got[0].ack()
+            (second,) = drain(sub, 1)
+            assert (second.bookmark, second.delivery_count) == (bms[1], 1)
+            second.ack()
+            c.flush()
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 2)
+            summary = inspect(cfg, name)["summary"]
+            assert (summary["depth"], summary["enqueued"]) == (0, 2)
+        finally:
+            serve.stop()
