@@ -31,7 +31,7 @@ class Dispatcher(EnginePart):
             subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
             filters = [s.filter for s in subs if s.filter is not None]
             barrier = q.first_barrier()
-            if any(f.uses_time for f in filters) or (barrier and q.priority is not None):
+            if any(f.uses_time for f in filters):
                 q.matching.clear()
                 q.fresh.clear()
                 sent = self._dispatch_walking(q, subs, barrier, now)
@@ -48,17 +48,17 @@ class Dispatcher(EnginePart):
 
     def _dispatch_indexed(self, q: QueueState, subs: list[Subscription],
                           barrier: Message | None, now: int) -> bool:
-        """Filters or a barrier, no clock: repeatedly the best available message some
+        """Filters or a barrier, no clock: repeatedly the best dispatchable message some
         subscription with room wants (each filter's index has its best at the head), to one
         of those by fairness: the same choices as walking the queue, at O(log n) each. With
-        a barrier (no priority here, so the order is the arrival order) only what came
-        before it; then the barrier, if everything before it is finished. True when a
-        barrier was sent."""
+        a barrier only what came before it (a priority queue keeps just those dispatchable;
+        otherwise the order is the arrival order and dispatch stops at the barrier); then
+        the barrier, if everything before it is finished. True when a barrier was sent."""
         self._sync_matching(q, subs)
         pick = PICKERS[q.config.effective_fairness]
         while True:
             with_room = [s for s in subs if s.room > 0]
-            sources = [q.available if s.filter is None else q.matching[s.filter.text]
+            sources = [q.dispatchable if s.filter is None else q.matching[s.filter.text]
                        for s in with_room]
             heads = [src.peekitem(0) for src in sources if src]
             if barrier is not None:  # in arrival order: a head behind it has only such behind
@@ -83,7 +83,7 @@ class Dispatcher(EnginePart):
         fresh, q.fresh = q.fresh, []
         if q.matching:
             for msg in fresh:
-                if q.available.get(msg.order) is not msg:
+                if q.dispatchable.get(msg.order) is not msg:
                     continue  # left again before anyone looked
                 doc = self.doc_of(q, msg)
                 for text, index in q.matching.items():
@@ -92,16 +92,15 @@ class Dispatcher(EnginePart):
         for text, expr in wanted.items():
             if text not in q.matching:
                 q.matching[text] = SortedDict(
-                    (order, m) for order, m in q.available.items()
+                    (order, m) for order, m in q.dispatchable.items()
                     if (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
 
     def _dispatch_walking(self, q: QueueState, subs: list[Subscription],
                           barrier: Message | None, now: int) -> bool:
         """In queue order, each message to a subscription with room whose filter it matches;
         a message nobody wants waits. This walks the available messages, O(available): it
-        serves filters that read the clock, and priority queues holding a barrier (where
-        what waits behind the barrier is spread through the order). True when a barrier
-        was sent."""
+        serves filters that read the clock (whose answers change while messages wait, so
+        no index holds). True when a barrier was sent."""
         pick = PICKERS[q.config.effective_fairness]
         for msg in list(q.available.values()):
             if barrier is not None and msg.seq > barrier.seq:

@@ -139,6 +139,14 @@ class QueueState:
         self.barrier = (compile_expression(config.barrier_expression)
                         if config.barrier_expression else None)
         self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
+        # Priority queues with barriers: the available messages no barrier precedes (the only
+        # ones dispatch may take, best first; barriers themselves are sent by their own
+        # rule and are in neither), and the others grouped by the nearest barrier
+        # before them (barrier seq -> bookmark -> message). When a barrier leaves, its group
+        # joins the one before it, or `ahead`: each message moves once per barrier.
+        self.ahead: SortedDict | None = (SortedDict() if config.priority
+                                         and config.barrier_expression else None)
+        self.behind: dict[int, dict[Bookmark, Message]] = {}
         # Barrier queues: seqs of messages not finished (acked, removed or sent), so "is
         # everything before this barrier finished" is a look at the first one
         self.unfinished: SortedList | None = (SortedList() if config.barrier_expression
@@ -169,6 +177,14 @@ class QueueState:
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def dispatchable(self) -> SortedDict:
+        """The available messages dispatch may take now, in delivery order (`order` ->
+        message): all of them, or in a priority queue holding barriers those ahead of
+        every barrier (in other queues the order is the arrival order, so dispatch stops
+        at the first barrier itself)."""
+        return self.available if self.ahead is None else self.ahead
 
     # -- reading ---------------------------------------------------------------------------
     def expires_at(self, msg: Message) -> int | None:
@@ -312,6 +328,7 @@ class QueueState:
             del self.messages[msg.bookmark]  # its entry in offsets goes when it reaches the front
             if msg.is_barrier:
                 self.barriers.pop(msg.seq, None)
+                self._release_group(msg.seq)
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1
                 self.pending_acks.discard(msg.bookmark)
@@ -366,6 +383,8 @@ class QueueState:
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
         self.available[msg.order] = msg
+        if self.ahead is not None and not msg.is_barrier and not self._hold_behind(msg):
+            self.ahead[msg.order] = msg
         if self.matching:
             self.fresh.append(msg)
         expires = self.expires_at(msg)
@@ -376,12 +395,42 @@ class QueueState:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
             self.available.pop(msg.order, None)
+            if (self.ahead is not None and not msg.is_barrier
+                    and self.ahead.pop(msg.order, None) is None):
+                self.behind[self._barrier_before(msg.seq)].pop(msg.bookmark)
             for index in self.matching.values():
                 index.pop(msg.order, None)
         elif msg.holder is not None:
             sub = self.subs.get(msg.holder)
             if sub is not None:
                 sub.held.discard(msg.bookmark)
+
+    def _barrier_before(self, seq: int) -> int:
+        """The seq of the nearest barrier queued before `seq` (-1: none)."""
+        i = self.barriers.bisect_left(seq)
+        return self.barriers.keys()[i - 1] if i else -1
+
+    def _hold_behind(self, msg: Message) -> bool:
+        """Put an available message in the group of the barrier before it, if there is one."""
+        before = self._barrier_before(msg.seq)
+        if before < 0:
+            return False
+        self.behind.setdefault(before, {})[msg.bookmark] = msg
+        return True
+
+    def _release_group(self, barrier_seq: int) -> None:
+        """A barrier left: what waited behind it waits behind the one before, or goes ahead."""
+        if self.ahead is None:
+            return
+        group = self.behind.pop(barrier_seq, {})
+        before = self._barrier_before(barrier_seq)
+        if before >= 0:
+            self.behind.setdefault(before, {}).update(group)
+            return
+        for msg in group.values():
+            self.ahead[msg.order] = msg
+            if self.matching:
+                self.fresh.append(msg)
 
     def restore(self, msg: Message) -> None:
         """Put back a message loaded from the store (recovery, not a transition)."""
