@@ -19,7 +19,7 @@ class Acks(EnginePart):
     def _held_message(self, q: QueueState, client: str, bm: Bookmark,
                       verb: str) -> tuple[Message | None, str | None]:
         """The message `client` may act on, or the reason it may not."""
-        msg = q.messages.get(bm)
+        msg = q.find(bm)
         if msg is None:
             return None, f"{verb} {bm}: not in queue {q.name} (already acked, removed or unknown)"
         holder = self.subs.get(msg.holder) if msg.holder else None
@@ -39,7 +39,7 @@ class Acks(EnginePart):
             return
         problems = []
         for bm in e.bookmarks:
-            if bm not in q.messages and q.not_read_yet(bm):
+            if q.not_read_yet(bm) and q.find(bm) is None:
                 if bm not in q.pending_acks:  # honoured when the message becomes active
                     self._do(Transition(Kind.REMEMBERED, q.name, now, bm, client=e.client))
                 continue
@@ -67,7 +67,7 @@ class Acks(EnginePart):
         permissive = q.config.leasing == "permissive"
         own = {s.sub_id for s in q.subs.values() if s.client == e.client}
         chosen = [
-            m for m in q.messages.values()  # in seq order
+            m for m in q.by_seq()
             if m.state is not MessageState.SENT
             and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)

@@ -13,10 +13,14 @@ from broker.engine.part import EnginePart
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
+from broker.expr import Expression
 
 # Copies one browser is sent per engine step: a browser of a deep queue is caught up over
 # several batches instead of one huge one.
 BROWSE_BATCH = 500
+# Paged-out messages one filter looks at per dispatch, when nothing in memory matches it: a
+# filter matching little on a deep queue is served over several ticks, never stalling one.
+PAGED_SCAN = 1_000
 
 
 class Dispatcher(EnginePart):
@@ -24,6 +28,7 @@ class Dispatcher(EnginePart):
         """Hand available messages, oldest first, to subscriptions with room."""
         pick = PICKERS[q.config.effective_fairness]
         while True:
+            q.refill()
             if not q.available or not q.subs:
                 q.matching.clear()
                 q.fresh.clear()
@@ -40,7 +45,11 @@ class Dispatcher(EnginePart):
             else:
                 q.matching.clear()  # no filter needs them now: rebuilt when one comes
                 q.fresh.clear()
-                while q.available and (sub := pick(subs, q.rr_last)) is not None:
+                q.filter_scan.clear()
+                while (sub := pick(subs, q.rr_last)) is not None:
+                    q.refill()
+                    if not q.available:
+                        break
                     self._lease(q, sub, q.available.peekitem(0)[1], now)
                 return
             if not sent:
@@ -57,7 +66,11 @@ class Dispatcher(EnginePart):
         self._sync_matching(q, subs)
         pick = PICKERS[q.config.effective_fairness]
         while True:
+            q.refill()
             with_room = [s for s in subs if s.room > 0]
+            for s in with_room:
+                if s.filter is not None and not q.matching[s.filter.text]:
+                    self._look_in_pager(q, s.filter)
             sources = [q.dispatchable if s.filter is None else q.matching[s.filter.text]
                        for s in with_room]
             heads = [src.peekitem(0) for src in sources if src]
@@ -73,6 +86,13 @@ class Dispatcher(EnginePart):
             self._lease(q, sub, msg, now)  # the message leaves the available ones either way
         return barrier is not None and self._send_barrier(q, barrier, subs, now)
 
+    def _look_in_pager(self, q: QueueState, expr: Expression) -> None:
+        """A filter nothing in memory matches: its first match among the paged-out messages
+        becomes its candidate (leased, if chosen, straight from the pager)."""
+        msg = q.paged_matches(expr.text, expr, lambda m: self.doc_of(q, m), PAGED_SCAN)
+        if msg is not None:
+            q.matching[expr.text][msg.order] = msg
+
     def _sync_matching(self, q: QueueState, subs: list[Subscription]) -> None:
         """Bring each filter's index up to date: messages made available since the last look
         are checked once (a message's payload does not change, so neither does the result);
@@ -80,6 +100,7 @@ class Dispatcher(EnginePart):
         wanted = {s.filter.text: s.filter for s in subs if s.filter is not None}
         for text in [t for t in q.matching if t not in wanted]:
             del q.matching[text]
+            q.filter_scan.pop(text, None)
         fresh, q.fresh = q.fresh, []
         if q.matching:
             for msg in fresh:
@@ -91,6 +112,7 @@ class Dispatcher(EnginePart):
                         index[msg.order] = msg
         for text, expr in wanted.items():
             if text not in q.matching:
+                q.filter_scan[text] = None
                 q.matching[text] = SortedDict(
                     (order, m) for order, m in q.dispatchable.items()
                     if (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
@@ -138,20 +160,26 @@ class Dispatcher(EnginePart):
         """Show each browser, in arrival order, a copy of every message still in the queue
         that its filter takes; nothing is leased and no count changes. At most BROWSE_BATCH
         copies per browser at a time: the rest follow on the next tick."""
+        last = q.stats.next_seq - 1
         for b in q.browsers.values():
-            if not b.pending or b.client in self.unconfirmed:
+            if b.looked_upto >= last or b.client in self.unconfirmed:
                 continue
-            shown = b.cursor
-            for _ in range(min(BROWSE_BATCH, len(b.pending))):
-                msg = b.pending.popleft()
+            shown, looked = b.cursor, 0
+            for msg in q.by_seq(b.looked_upto):
+                if looked == BROWSE_BATCH:
+                    break
+                looked += 1
                 shown = msg.seq
-                if q.messages.get(msg.bookmark) is not msg or msg.state is MessageState.SENT:
-                    continue  # finished (or, at-most-once, gone) before its turn came
+                if msg.state is MessageState.SENT:
+                    continue  # at-most-once: gone from the queue
                 if b.filter is None or b.wants(self.doc_of(q, msg, now)):
                     self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
                                              msg.delivery_count, None, msg.is_barrier, msg.seq))
-            self._do(Transition(Kind.BROWSED, q.name, now, sub_id=b.sub_id, client=b.client,
-                                seq=shown))
+            if looked:
+                self._do(Transition(Kind.BROWSED, q.name, now, sub_id=b.sub_id,
+                                    client=b.client, seq=shown))
+            if looked < BROWSE_BATCH:
+                b.looked_upto = last  # the rest up to the last seq has finished
 
     def _lease(self, q: QueueState, sub: Subscription, msg: Message, now: int) -> None:
         """Lease (or, at-most-once, send) `msg` to `sub`, unless it expired meanwhile."""

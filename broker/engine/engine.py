@@ -23,6 +23,8 @@ from broker.engine.effects import (
     Reply,
     Resume,
 )
+from broker.engine.paging import MemoryPager, Pager
+from broker.engine import queue as queue_module
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.timers import Timers
@@ -38,8 +40,14 @@ class Engine(Timers, Dispatcher, Acks):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000,
                  auth: dict[str, str] | None = None,
-                 doc_loader: DocLoader | None = None) -> None:
-        self.queues: dict[str, QueueState] = {q.name: QueueState(q) for q in queues}
+                 doc_loader: DocLoader | None = None, pager: Pager | None = None,
+                 window: int | None = None) -> None:
+        # Available messages beyond each queue's window wait in the pager (the service's is
+        # RocksDB; by default they stay in memory all the same).
+        self.pager = pager or MemoryPager()
+        window = window or queue_module.WINDOW
+        self.queues: dict[str, QueueState] = {q.name: QueueState(q, self.pager, window)
+                                              for q in queues}
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.max_message_bytes = max_message_bytes
         # principal -> queues it may read; None: no [auth], everybody reads everything
@@ -186,7 +194,7 @@ class Engine(Timers, Dispatcher, Acks):
     def _arrive(self, e: ev.MessageArrived, now: int) -> None:
         q = self.queues.get(e.queue)
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
-        if q is None or e.bookmark in q.messages or ts < q.start_ms:
+        if q is None or ts < q.start_ms or q.find(e.bookmark) is not None:
             return
         if q.full:
             q.deferring = True
@@ -307,7 +315,7 @@ class Engine(Timers, Dispatcher, Acks):
             return
         reset = q.recovery_point is not None
         if reset:
-            for msg in list(q.messages.values()):  # in seq order
+            for msg in list(q.by_seq()):
                 kind = Kind.RELEASED if msg.state is MessageState.SENT else Kind.REMOVED
                 self._do(Transition(kind, q.name, now, msg.bookmark, reason=Reason.RESET.value))
         # seq=1 marks a reset: the shell rewinds the queue's input positions with it

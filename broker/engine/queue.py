@@ -9,12 +9,14 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from sortedcontainers import SortedDict, SortedList
 
 from broker.config import QueueConfig
+from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
 from broker.errors import StateError
@@ -85,12 +87,13 @@ class Subscription:
     held: set[Bookmark] = field(default_factory=set)
     filter: Expression | None = None
     # A browser leases nothing: it is shown a copy of each message in arrival order; cursor
-    # is the seq of the last one shown (or skipped), and pending the messages still to show
-    # (each checked again when its turn comes).
+    # is the seq of the last one shown (or skipped, journaled), looked_upto the last one it
+    # has looked at (seqs only grow, so a browser with looked_upto at the queue's last seq
+    # has nothing left to see).
     browse: bool = False
     cursor: int = -1
     principal: str | None = None  # under [auth]: the client's commands must come from it
-    pending: deque[Message] = field(default_factory=deque)
+    looked_upto: int = -1
 
     def wants(self, doc: Doc | None) -> bool:
         """Whether the filter takes a message that expressions see as `doc`."""
@@ -120,13 +123,26 @@ class QueueStats:
 NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
 
 
+# Available messages a queue holds in memory (twice this before it pages the last ones out;
+# refilled below half of it): the rest wait in the pager.
+WINDOW = 10_000
+
+
 class QueueState:
-    def __init__(self, config: QueueConfig) -> None:
+    def __init__(self, config: QueueConfig, pager: Pager | None = None,
+                 window: int = WINDOW) -> None:
         self.config = config
-        # Every unfinished message, in seq (arrival) order: enqueues come in seq order and a
-        # restore sorts by seq, so a page of `kq inspect` is the first N values.
+        # Paging (broker.engine.paging): not for priority queues holding barriers, where
+        # what may go next is spread through the order (they keep every message in memory).
+        self.pager = None if config.priority and config.barrier_expression else pager
+        self.window = max(1, window)
+        self.paged = 0  # available messages paged out
+        self._floor: Any = None  # the delivery order of the first of them
+        # per filter (by text): the paged-out messages up to this order do not match it
+        self.filter_scan: dict[str, Any] = {}
+        # Every unfinished message held in memory (all but the paged-out available ones).
         self.messages: dict[Bookmark, Message] = {}
-        self.available: SortedDict = SortedDict()  # Message.order -> Message
+        self.available: SortedDict = SortedDict()  # Message.order -> Message, in memory
         self.subs: dict[str, Subscription] = {}  # consumers, in subscription order
         self.browsers: dict[str, Subscription] = {}
         self.stats = QueueStats()
@@ -193,7 +209,27 @@ class QueueState:
 
     def depth(self) -> int:
         """Messages still in the queue: available and leased (sent ones have left)."""
-        return len(self.available) + self.leased_count()
+        return len(self.available) + self.paged + self.leased_count()
+
+    def available_count(self) -> int:
+        return len(self.available) + self.paged
+
+    def find(self, bm: Bookmark) -> Message | None:
+        """An unfinished message, in memory or paged out (then a copy: change it through
+        `apply`, which pages it back in)."""
+        msg = self.messages.get(bm)
+        if msg is None and self.paged and self.pager is not None:
+            msg = self.pager.get(self.name, bm)
+        return msg
+
+    def by_seq(self, after_seq: int = -1) -> Iterator[Message]:
+        """Every unfinished message with a seq above `after_seq`, in arrival order (those
+        in memory sorted, merged with the paged-out ones as the pager reads them)."""
+        held = sorted((m for m in self.messages.values() if m.seq > after_seq),
+                      key=lambda m: m.seq)
+        if not self.paged or self.pager is None:
+            return iter(held)
+        return heapq.merge(held, self.pager.by_seq(self.name, after_seq), key=lambda m: m.seq)
 
     def leased_count(self) -> int:
         # at-least-once queues hold only available and leased messages; at-most-once ones
@@ -217,8 +253,8 @@ class QueueState:
         the first queued message stamped since then; it then sees everything after that."""
         if since_ms is None:
             return -1
-        recent = [m.seq for m in self.messages.values() if m.timestamp_ms >= since_ms]
-        return min(recent) - 1 if recent else self.stats.next_seq - 1
+        recent = next((m.seq for m in self.by_seq() if m.timestamp_ms >= since_ms), None)
+        return recent - 1 if recent is not None else self.stats.next_seq - 1
 
     def subscription(self, sub_id: str) -> Subscription | None:
         """A consumer or a browser of this queue."""
@@ -232,7 +268,7 @@ class QueueState:
         """Whether every message before the barrier is acknowledged or removed."""
         if self.unfinished is None:  # not a barrier queue: only tests ask
             return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
-                           for m in self.messages.values())
+                           for m in self.by_seq())
         return not self.unfinished or self.unfinished[0] >= barrier.seq
 
     def oldest_timestamp(self) -> int | None:
@@ -273,12 +309,11 @@ class QueueState:
             browser = self.browsers.get(t.sub_id or "")
             if browser is not None:
                 browser.cursor = max(browser.cursor, t.seq)
-                while browser.pending and browser.pending[0].seq <= browser.cursor:
-                    browser.pending.popleft()
+                browser.looked_upto = max(browser.looked_upto, browser.cursor)
             return None
         assert t.bookmark is not None
         if t.kind is Kind.ENQUEUED:
-            if t.bookmark in self.messages:
+            if self.find(t.bookmark) is not None:
                 raise StateError(f"{t.bookmark} is already queued in {self.name}")
             next_state(None, ACTION_OF[t.kind])
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
@@ -294,12 +329,10 @@ class QueueState:
             if self.unfinished is not None:
                 self.unfinished.add(msg.seq)
             self._make_available(msg)
-            for browser in self.browsers.values():
-                browser.pending.append(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
             return msg
-        found = self.messages.get(t.bookmark)
+        found = self.messages.get(t.bookmark) or self._page_in(t.bookmark)
         if found is None:
             raise StateError(f"{t.bookmark} is not queued in {self.name}")
         msg = found
@@ -347,11 +380,10 @@ class QueueState:
                            principal=t.principal)
         if t.browse:
             sub.browse, sub.cap, sub.cursor = True, 0, t.seq
-            sub.pending = deque(sorted((m for m in self.messages.values() if m.seq > t.seq),
-                                       key=lambda m: m.seq))
+            sub.looked_upto = t.seq
             self.browsers[t.sub_id] = sub
             return
-        sub.held = {
+        sub.held = {  # leased messages are never paged out
             m.bookmark
             for m in self.messages.values()
             if m.holder == t.sub_id and m.state in (MessageState.LEASED, MessageState.SENT)
@@ -382,19 +414,93 @@ class QueueState:
 
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
+        expires = self.expires_at(msg)
+        if expires is not None:
+            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+        if self.paged and not msg.is_barrier and msg.order > self._floor:
+            self._page_out(msg)  # others come first: it waits among them
+            return
+        self._hold_available(msg)
+        if self.pager is not None and len(self.available) - len(self.barriers) > 2 * self.window:
+            self._evict()
+
+    def _hold_available(self, msg: Message) -> None:
+        self.messages[msg.bookmark] = msg
         self.available[msg.order] = msg
         if self.ahead is not None and not msg.is_barrier and not self._hold_behind(msg):
             self.ahead[msg.order] = msg
         if self.matching:
             self.fresh.append(msg)
-        expires = self.expires_at(msg)
-        if expires is not None:
-            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+
+    # -- paging ----------------------------------------------------------------------------
+    # Paged-out messages all come after every available one held in memory, barriers aside
+    # (they never leave memory): dispatch takes the head of `available` after `refill`. Only
+    # a filter's scan (`paged_matches`) reaches past them, and what it finds is leased
+    # straight from the pager, so that order holds.
+    def _page_out(self, msg: Message) -> None:
+        assert self.pager is not None
+        self.messages.pop(msg.bookmark, None)
+        self.pager.put(self.name, msg)
+        self.paged += 1
+        if self._floor is None or msg.order < self._floor:
+            self._floor = msg.order
+        for text, scanned in self.filter_scan.items():
+            if scanned is not None and msg.order <= scanned:
+                self.filter_scan[text] = None  # look again from the start
+
+    def _evict(self) -> None:
+        """Too many available messages in memory: page out the last ones."""
+        while len(self.available) - len(self.barriers) > self.window:
+            i = len(self.available) - 1
+            while self.available.peekitem(i)[1].is_barrier:
+                i -= 1
+            msg = self.available.peekitem(i)[1]
+            self._leave(msg)
+            self._page_out(msg)
+
+    def _page_in(self, bm: Bookmark) -> Message | None:
+        """Bring one paged-out message back into memory (before a transition changes it)."""
+        if not self.paged or self.pager is None:
+            return None
+        msg = self.pager.take(self.name, bm)
+        if msg is not None:
+            self.paged -= 1
+            self._floor = self.pager.first_order(self.name)
+            self._hold_available(msg)
+        return msg
+
+    def refill(self) -> None:
+        """Before dispatch: page back in the first paged-out messages once fewer than half
+        a window of available ones are left in memory."""
+        if not self.paged or self.pager is None:
+            return
+        held = len(self.available) - len(self.barriers)
+        if held >= self.window // 2:
+            return
+        for msg in self.pager.take_first(self.name, self.window - held):
+            self.paged -= 1
+            self._hold_available(msg)
+        self._floor = self.pager.first_order(self.name)
+
+    def paged_matches(self, text: str, expr: Expression, doc_of: Any,
+                      limit: int) -> Message | None:
+        """The first paged-out message filter `text` takes, looking at no more than `limit`
+        (then None: the look goes on from there next time)."""
+        if not self.paged or self.pager is None:
+            return None
+        scanned = self.filter_scan.get(text)
+        for msg in self.pager.after(self.name, scanned, limit):
+            doc = doc_of(msg)
+            if doc is not None and expr.matches(doc):
+                return msg
+            self.filter_scan[text] = msg.order
+        return None
 
     def _leave(self, msg: Message) -> None:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
             self.available.pop(msg.order, None)
+
             if (self.ahead is not None and not msg.is_barrier
                     and self.ahead.pop(msg.order, None) is None):
                 self.behind[self._barrier_before(msg.seq)].pop(msg.bookmark)
@@ -436,6 +542,7 @@ class QueueState:
         """Put back a message loaded from the store (recovery, not a transition)."""
         if self.priority is None:
             msg.priority = None  # stored under an earlier config that had a priority
+        self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
         self.messages[msg.bookmark] = msg
         self._count_in(msg)
         if msg.is_barrier:

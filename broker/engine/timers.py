@@ -21,7 +21,7 @@ class Timers(EnginePart):
         for q in self.queues.values():
             self._lapse_leases(q, now)
             self._expire_available(q, now)
-            if any(b.pending for b in q.browsers.values()):
+            if any(b.looked_upto < q.stats.next_seq - 1 for b in q.browsers.values()):
                 self._touched.add(q.name)  # browsers still catching up
             if (q.available and now - q.clock_checked_ms >= CLOCK_RECHECK_MS
                     and any(s.filter is not None and s.filter.uses_time
@@ -47,7 +47,7 @@ class Timers(EnginePart):
         timers = q.expiry_timers
         while timers and timers[0][0] <= now:
             _, seq, bm = heapq.heappop(timers)
-            msg = q.messages.get(bm)
+            msg = q.find(bm)
             if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
                 self._remove(q, msg, now, Reason.EXPIRED)
 

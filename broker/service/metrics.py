@@ -41,5 +41,5 @@ class Metrics:
         for name in touched:
             q = self._engine.queues.get(name)
             if q is not None:
-                self.available.labels(name).set(len(q.available))
-                self.depth.labels(name).set(len(q.messages))
+                self.available.labels(name).set(q.available_count())
+                self.depth.labels(name).set(q.depth())

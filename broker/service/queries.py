@@ -18,7 +18,7 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
         "queue": q.name,
         "semantics": q.config.semantics,
         "depth": q.depth(),
-        "available": len(q.available),
+        "available": q.available_count(),
         "leased": q.leased_count(),
         "subscribers": subscribers,
         "oldest_age_ms": None if oldest is None else max(0, now - oldest),
@@ -43,7 +43,7 @@ def snapshot(engine: Engine, batch: int) -> list[dict[str, Any]]:
                        "removed": dict(q.stats.removed)} for name, q in engine.queues.items()}
     rows = []
     for name, q in engine.queues.items():
-        for m in q.messages.values():
+        for m in q.by_seq():
             holder = engine.subs.get(m.holder) if m.holder else None
             rows.append([name, str(m.bookmark), m.state.value, m.delivery_count,
                          m.cancel_count, holder.client if holder else None])
@@ -71,7 +71,10 @@ def answer(engine: Engine, args: dict[str, Any], now: int,
             {"sub_id": s.sub_id, "client": s.client, "queue": s.queue,
              "mode": "browse" if s.browse else "queue",
              "max_backlog": s.max_backlog, "backlog": s.cap, "leased": len(s.held),
-             "to_browse": len(s.pending), "last_heartbeat_ms": engine.last_seen.get(s.client)}
+             # a browser's: the messages enqueued since the last it was shown
+             "to_browse": (max(0, engine.queues[s.queue].stats.next_seq - 1 - s.cursor)
+                           if s.browse else 0),
+             "last_heartbeat_ms": engine.last_seen.get(s.client)}
             for s in engine.subs.values() if not name or s.queue == name
         ]
         return {"subscribers": rows}
@@ -96,8 +99,8 @@ def _candidates(q: QueueState, state: str | None) -> Iterator[Message]:
         held = (q.messages[bm] for sub in q.subs.values() for bm in sub.held
                 if bm in q.messages)
         return (m for m in sorted(held, key=lambda m: m.seq) if m.state == state)
-    # in seq order (the queue keeps them so); for "available" this skips only leased ones
-    return (m for m in q.messages.values() if state is None or m.state == state)
+    # in seq order; for "available" this skips only leased ones
+    return (m for m in q.by_seq() if state is None or m.state == state)
 
 
 def _inspect(engine: Engine, args: dict[str, Any], now: int,

@@ -139,7 +139,7 @@ def _refetch_payloads(store: Store, engine: Engine, consumer: Consumer, cp: Chec
     missing = {
         t.bookmark for t in cp.transitions
         if t.kind is Kind.ENQUEUED and t.bookmark is not None
-        and t.bookmark in engine.queues[t.queue].messages
+        and engine.queues[t.queue].find(t.bookmark) is not None
         and load_payload(store, t.bookmark) is None
     }
     if not missing:

@@ -182,7 +182,7 @@ class Checkpoint:
                 continue
             touched_queues.add(t.queue)
             if t.bookmark is not None:
-                msg = q.messages.get(t.bookmark)
+                msg = q.find(t.bookmark)
                 key = message_key(t.queue, t.bookmark)
                 if msg is None:
                     deletes.append(key)
@@ -201,7 +201,7 @@ class Checkpoint:
                         "browse": sub.browse, "cursor": sub.cursor,
                         "principal": sub.principal}).encode()
         for bm in touched_payloads:
-            if any(bm in q.messages for q in engine.queues.values()):
+            if any(q.find(bm) is not None for q in engine.queues.values()):
                 if bm in self.payloads:
                     puts[payload_key(bm)] = self.payloads[bm].encode()
             else:
