@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from broker.config import QueueConfig
 from broker.engine import events as ev
+from broker.engine import queue as queue_module
 from broker.engine.acks import Acks
 from broker.engine.dispatch import Dispatcher
 from broker.engine.effects import (
@@ -24,7 +25,6 @@ from broker.engine.effects import (
     Resume,
 )
 from broker.engine.paging import MemoryPager, Pager
-from broker.engine import queue as queue_module
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.timers import Timers
@@ -108,6 +108,14 @@ class Engine(Timers, Dispatcher, Acks):
                 q.deferring = False
                 self._out.append(Resume(name))
         return self._out
+
+    def use_pager(self, pager: Pager) -> None:
+        """Page out to `pager` from now on (before any message is queued)."""
+        self.pager = pager
+        for q in self.queues.values():
+            assert not q.messages and not q.paged, "use_pager on a queue already in use"
+            if q.pager is not None:
+                q.pager = pager
 
     def apply(self, t: Transition) -> Message | None:
         """Apply one journaled transition (used live and by recovery)."""

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -44,6 +45,7 @@ from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.state.layout import Checkpoint, Payload, load_payload
+from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
 from broker.state.store import Store
 from broker.values import Bookmark
@@ -108,6 +110,7 @@ class Service:
                              auth=dict(config.auth) or None, doc_loader=self._load_doc)
         self._batch_payloads: dict[Bookmark, Payload] = {}
         self._store = store
+        self._pager: RocksPager | None = None
         # command topic -> who sent what is on it. Without [auth] nobody needs to be known
         # (None). With it, each principal has its own topic and the shared one vouches for
         # nobody (""): a claim written inside a record is never believed.
@@ -133,8 +136,12 @@ class Service:
         clients.ensure_topics(self._admin, list(self._command_topics))
         # The journal is the state: a new queue state is rebuilt from all of it.
         clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
-        store = self._store or RocksStore(svc.data_dir, int(svc.memory_budget))
-        self._store = store
+        budget = int(svc.memory_budget)
+        if self._store is None:  # RocksDB: three quarters of the budget, the pager the rest
+            self._store = RocksStore(svc.data_dir, budget - budget // 4)
+            self._pager = RocksPager(Path(svc.data_dir) / "pager", budget // 4)
+            self.engine.use_pager(self._pager)
+        store = self._store
         self._producer = clients.producer(self.bootstrap, self.kafka_extra)
         # Sources prefetch little: what is fetched ahead is memory, and work queued in
         # front of the commands that arrive meanwhile.
@@ -164,6 +171,8 @@ class Service:
             self._commands.close()
             self._producer.flush(5)
             store.close()
+            if self._pager is not None:
+                self._pager.close()
             # Drop every client now: a broker being stopped waits for open connections.
             del self._committer, self._producer, self._admin
 

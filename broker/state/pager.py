@@ -1,0 +1,154 @@
+"""The service's pager (broker.engine.paging): paged-out messages in a RocksDB of their own.
+
+It is swap space, not state: it lives in `DATA_DIR/pager`, is emptied at every start (the
+service pages the queues out again as it loads them from its store), and is written without
+a write-ahead log. Keys, each prefixed by the queue's name and a NUL:
+  o ORDER      the message (its packed record and bookmark), in delivery order
+  b BOOKMARK   its ORDER
+  s SEQ        its ORDER, in arrival order
+ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Rdict, WriteBatch, WriteOptions
+
+from broker.engine.queue import Message
+from broker.state.layout import decode_message, encode_message
+from broker.state.rocks import bounded_options
+from broker.values import Bookmark
+
+SEP = b"\x00"
+_SEQ = struct.Struct(">q")
+_LEN = struct.Struct("<H")
+
+
+def order_key(order: tuple[float, int]) -> bytes:
+    """`Message.order` as bytes that sort the same way: (-priority or inf, seq)."""
+    first, seq = order
+    if first == math.inf:
+        head = b"\x01" + bytes(8)
+    else:
+        raw = bytearray(struct.pack(">d", first))
+        if raw[0] & 0x80:  # negative: flip every bit, so larger magnitudes sort first
+            raw = bytearray(b ^ 0xFF for b in raw)
+        else:
+            raw[0] |= 0x80
+        head = b"\x00" + bytes(raw)
+    return head + _SEQ.pack(seq)
+
+
+def _record(msg: Message) -> bytes:
+    packed = encode_message(msg)
+    return _LEN.pack(len(packed)) + packed + str(msg.bookmark).encode()
+
+
+def _message(data: bytes) -> Message:
+    (size,) = _LEN.unpack_from(data)
+    start = _LEN.size
+    bm = Bookmark.parse(data[start + size:].decode())
+    return decode_message(bm, data[start:start + size])
+
+
+class RocksPager:
+    def __init__(self, path: str | Path, memory_budget: int) -> None:
+        shutil.rmtree(path, ignore_errors=True)  # swap: nothing in it outlives the process
+        Path(path).mkdir(parents=True)
+        self._db = Rdict(str(path), bounded_options(memory_budget))
+        no_log = WriteOptions()
+        no_log.disable_wal(True)
+        self._db.set_write_options(no_log)
+        self._counts: dict[str, int] = {}
+
+    def close(self) -> None:
+        self._db.close()
+
+    @staticmethod
+    def _key(kind: bytes, queue: str, rest: bytes) -> bytes:
+        return kind + queue.encode() + SEP + rest
+
+    def put(self, queue: str, msg: Message) -> None:
+        order = order_key(msg.order)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(self._key(b"o", queue, order), _record(msg))
+        batch.put(self._key(b"b", queue, str(msg.bookmark).encode()), order)
+        batch.put(self._key(b"s", queue, _SEQ.pack(msg.seq)), order)
+        self._db.write(batch)
+        self._counts[queue] = self._counts.get(queue, 0) + 1
+
+    def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
+        batch.delete(self._key(b"o", queue, order))
+        batch.delete(self._key(b"b", queue, str(msg.bookmark).encode()))
+        batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
+        self._counts[queue] -= 1
+
+    def get(self, queue: str, bm: Bookmark) -> Message | None:
+        order = self._db.get(self._key(b"b", queue, str(bm).encode()))
+        if order is None:
+            return None
+        data = self._db.get(self._key(b"o", queue, bytes(order)))
+        return None if data is None else _message(bytes(data))
+
+    def take(self, queue: str, bm: Bookmark) -> Message | None:
+        msg = self.get(queue, bm)
+        if msg is not None:
+            batch = WriteBatch(raw_mode=True)
+            self._drop(batch, queue, order_key(msg.order), msg)
+            self._db.write(batch)
+        return msg
+
+    def _scan(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        it = self._db.iter()
+        it.seek(start)
+        while it.valid():
+            key = bytes(it.key())
+            if not key.startswith(prefix):
+                return
+            yield key, bytes(it.value())
+            it.next()
+
+    def take_first(self, queue: str, limit: int) -> list[Message]:
+        prefix = self._key(b"o", queue, b"")
+        out: list[Message] = []
+        batch = WriteBatch(raw_mode=True)
+        for key, value in self._scan(prefix, prefix):
+            if len(out) >= limit:
+                break
+            msg = _message(value)
+            out.append(msg)
+            self._drop(batch, queue, key[len(prefix):], msg)
+        self._db.write(batch)
+        return out
+
+    def first_order(self, queue: str) -> Any:
+        prefix = self._key(b"o", queue, b"")
+        for _, value in self._scan(prefix, prefix):
+            return _message(value).order
+        return None
+
+    def after(self, queue: str, order: Any, limit: int) -> list[Message]:
+        prefix = self._key(b"o", queue, b"")
+        start = prefix if order is None else prefix + order_key(order) + b"\x00"
+        out: list[Message] = []
+        for _, value in self._scan(prefix, start):
+            if len(out) >= limit:
+                break
+            out.append(_message(value))
+        return out
+
+    def by_seq(self, queue: str, after_seq: int) -> Iterator[Message]:
+        prefix = self._key(b"s", queue, b"")
+        for _, order in self._scan(prefix, prefix + _SEQ.pack(after_seq + 1)):
+            data = self._db.get(self._key(b"o", queue, order))
+            if data is not None:
+                yield _message(bytes(data))
+
+    def count(self, queue: str) -> int:
+        return self._counts.get(queue, 0)

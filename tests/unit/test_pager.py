@@ -1,0 +1,67 @@
+"""The pager contract (broker.engine.paging): the RocksDB pager the service uses answers
+exactly as the memory one the engine tests use, over random work on priority orders."""
+
+import random
+
+import pytest
+
+from broker.engine.paging import MemoryPager
+from broker.engine.queue import Message
+from broker.state.pager import RocksPager, order_key
+from broker.values import Bookmark
+
+
+def test_order_keys_sort_as_delivery_orders_do():
+    orders = [(float("inf"), 5), (-9.0, 3), (-9.0, 1), (2.5, 7), (-0.5, 2), (0.0, 4),
+              (float("inf"), 1), (-1e300, 9), (3, 8), (-3, 8)]
+    assert sorted(orders, key=order_key) == sorted(orders)
+
+
+def seen(msgs):
+    return [(str(m.bookmark), m.seq, m.priority, m.timestamp_ms) for m in msgs]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed):
+    rng = random.Random(seed)
+    rocks, memory = RocksPager(tmp_path / "pager", 32 << 20), MemoryPager()
+    live: list[Message] = []
+    for seq in range(400):
+        op = rng.random()
+        if op < 0.6 or not live:
+            msg = Message(Bookmark(f"T.{seq % 3}", seq % 2, seq), seq, 1000 + seq)
+            msg.priority = rng.choice([None, 1, 5, 9.5, -2])
+            rocks.put("Q", msg)
+            memory.put("Q", msg)
+            live.append(msg)
+        elif op < 0.75:
+            bm = rng.choice(live).bookmark
+            assert seen([rocks.take("Q", bm)]) == seen([memory.take("Q", bm)])
+            live = [m for m in live if m.bookmark != bm]
+        elif op < 0.85:
+            n = rng.randrange(1, 5)
+            taken = rocks.take_first("Q", n)
+            assert seen(taken) == seen(memory.take_first("Q", n))
+            live = [m for m in live if m.bookmark not in {t.bookmark for t in taken}]
+        elif op < 0.95:
+            after = memory.after("Q", None, rng.randrange(1, 20))
+            order = after[-1].order if after else None
+            assert seen(rocks.after("Q", order, 6)) == seen(memory.after("Q", order, 6))
+        else:
+            after_seq = rng.randrange(-1, seq + 1)
+            assert seen(rocks.by_seq("Q", after_seq)) == seen(memory.by_seq("Q", after_seq))
+        assert rocks.count("Q") == memory.count("Q") == len(live)
+        assert rocks.first_order("Q") == memory.first_order("Q")
+    probe = live[0].bookmark if live else Bookmark("T.0", 0, 0)
+    assert seen([m for m in [rocks.get("Q", probe)] if m]) == seen(
+        [m for m in [memory.get("Q", probe)] if m])
+    assert rocks.get("Q", Bookmark("nope", 0, 1)) is None
+    assert rocks.count("other") == 0 and rocks.take_first("other", 3) == []
+
+
+def test_the_rocksdb_pager_starts_empty(tmp_path):
+    first = RocksPager(tmp_path / "pager", 32 << 20)
+    first.put("Q", Message(Bookmark("T", 0, 1), 1, 1))
+    first.close()
+    again = RocksPager(tmp_path / "pager", 32 << 20)
+    assert again.count("Q") == 0 and again.take_first("Q", 5) == []
