@@ -63,7 +63,7 @@ class RocksPager:
         Path(path).mkdir(parents=True)
         self._db = Rdict(str(path), bounded_options(memory_budget))
         no_log = WriteOptions()
-        no_log.disable_wal(True)
+        no_log.disable_wal = True  # type: ignore[method-assign, assignment]  # a property
         self._db.set_write_options(no_log)
         self._counts: dict[str, int] = {}
 
