@@ -66,7 +66,8 @@ class Dispatcher(EnginePart):
         self._sync_matching(q, subs)
         pick = PICKERS[q.config.effective_fairness]
         while True:
-            q.refill()
+            if q.refill():
+                self._sync_matching(q, subs)  # the filters see what came back first
             with_room = [s for s in subs if s.room > 0]
             for s in with_room:
                 if s.filter is not None and not q.matching[s.filter.text]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter, deque
-from collections.abc import Iterator
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +124,35 @@ class QueueStats:
 NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
 
 
+class Ascending:
+    """Integers appended in ascending order, 8 bytes each; `first` drops from the front the
+    ones no longer wanted (each once), so the lowest wanted one costs amortised O(1)."""
+
+    __slots__ = ("_values", "_head")
+
+    def __init__(self, values: Iterable[int] = ()) -> None:
+        self._values = array("q", values)
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._values) - self._head
+
+    def append(self, value: int) -> None:
+        self._values.append(value)
+
+    def last(self) -> int | None:
+        return self._values[-1] if len(self) else None
+
+    def first(self, wanted: Callable[[int], bool]) -> int | None:
+        values = self._values
+        while self._head < len(values) and not wanted(values[self._head]):
+            self._head += 1
+        if self._head > 4096 and 2 * self._head > len(values):
+            del values[:self._head]
+            self._head = 0
+        return values[self._head] if self._head < len(values) else None
+
+
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
 # refilled below half of it): the rest wait in the pager.
 WINDOW = 10_000
@@ -188,7 +218,7 @@ class QueueState:
         # finished ones dropped lazily from the front (arrival order is offset order within
         # a partition, so the front is the lowest unfinished offset).
         self.timestamps: SortedDict = SortedDict()
-        self.offsets: dict[tuple[str, int], deque[int]] = {}
+        self.offsets: dict[tuple[str, int], Ascending] = {}
 
     @property
     def name(self) -> str:
@@ -279,11 +309,10 @@ class QueueState:
         """Per source partition: the offset below which every message is finished."""
         points = dict(positions)
         for (topic, partition), offsets in self.offsets.items():
-            while offsets and Bookmark(topic, partition, offsets[0]) not in self.messages:
-                offsets.popleft()
-            if offsets:
-                points[(topic, partition)] = min(points.get((topic, partition), offsets[0]),
-                                                 offsets[0])
+            first = offsets.first(lambda o, t=topic, p=partition:  # type: ignore[misc]
+                                  self.find(Bookmark(t, p, o)) is not None)
+            if first is not None:
+                points[(topic, partition)] = min(points.get((topic, partition), first), first)
         return points
 
     # -- changing --------------------------------------------------------------------------
@@ -393,13 +422,16 @@ class QueueState:
     def _count_in(self, msg: Message) -> None:
         """Enter a new or restored message in the indexes queries read."""
         bm = msg.bookmark
-        offsets = self.offsets.setdefault((bm.topic, bm.partition), deque())
+        tp = (bm.topic, bm.partition)
+        offsets = self.offsets.setdefault(tp, Ascending())
         # Rebuilt when read again from an earlier offset (a reset), and when finished ones
         # pile up behind an old unfinished one at the front (amortised O(1)).
-        if (offsets and offsets[-1] >= bm.offset) or len(offsets) > 2 * len(self.messages) + 1024:
-            self.offsets[(bm.topic, bm.partition)] = deque(sorted(
-                m.bookmark.offset for m in self.messages.values()
-                if (m.bookmark.topic, m.bookmark.partition) == (bm.topic, bm.partition)))
+        last = offsets.last()
+        if (last is not None and last >= bm.offset) or len(offsets) > 2 * (
+                len(self.messages) + self.paged) + 1024:
+            self.offsets[tp] = Ascending(sorted(
+                m.bookmark.offset for m in self.by_seq()
+                if (m.bookmark.topic, m.bookmark.partition) == tp))
         else:
             offsets.append(bm.offset)
         if msg.state is not MessageState.SENT:
@@ -469,18 +501,19 @@ class QueueState:
             self._hold_available(msg)
         return msg
 
-    def refill(self) -> None:
+    def refill(self) -> bool:
         """Before dispatch: page back in the first paged-out messages once fewer than half
-        a window of available ones are left in memory."""
+        a window of available ones are left in memory. True when it did."""
         if not self.paged or self.pager is None:
-            return
+            return False
         held = len(self.available) - len(self.barriers)
-        if held >= self.window // 2:
-            return
+        if held >= (self.window + 1) // 2:
+            return False
         for msg in self.pager.take_first(self.name, self.window - held):
             self.paged -= 1
             self._hold_available(msg)
         self._floor = self.pager.first_order(self.name)
+        return True
 
     def paged_matches(self, text: str, expr: Expression, doc_of: Any,
                       limit: int) -> Message | None:

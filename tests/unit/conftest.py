@@ -1,5 +1,5 @@
 """Every engine test runs twice: with the default window (nothing is paged out at these
-depths) and with a window of 2, so nearly every available message is paged out and back in
+depths) and with a window of 1, so nearly every available message is paged out and back in
 (broker.engine.paging): the queue rules must not notice."""
 
 import pytest
@@ -17,5 +17,5 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture
 def paging(request, monkeypatch):
     if request.param == "paged":
-        monkeypatch.setattr(queue, "WINDOW", 2)
+        monkeypatch.setattr(queue, "WINDOW", 1)
     return request.param
