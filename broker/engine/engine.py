@@ -335,8 +335,7 @@ class Engine(Timers, Dispatcher, Acks):
                 now: int) -> None:
         """Load one queue's stored state (messages first, then their subscriptions)."""
         q = self.queues[queue]
-        for m in sorted(messages, key=lambda m: m.seq):  # the queue keeps them in seq order
-            q.restore(m)
+        q.restore(messages)
         for t in subs:
             self.apply(t)
             self.last_seen.setdefault(t.client or "", now)

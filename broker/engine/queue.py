@@ -153,6 +153,8 @@ class Ascending:
         return values[self._head] if self._head < len(values) else None
 
 
+RESTORE_PAGE_OUT = 10_000  # paged out together while a queue is restored
+
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
 # refilled below half of it): the rest wait in the pager.
 WINDOW = 10_000
@@ -571,18 +573,49 @@ class QueueState:
             if self.matching:
                 self.fresh.append(msg)
 
-    def restore(self, msg: Message) -> None:
-        """Put back a message loaded from the store (recovery, not a transition)."""
-        if self.priority is None:
-            msg.priority = None  # stored under an earlier config that had a priority
-        self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
-        self.messages[msg.bookmark] = msg
-        self._count_in(msg)
-        if msg.is_barrier:
-            self.barriers[msg.seq] = msg
-        if self.unfinished is not None and msg.state is not MessageState.SENT:
-            self.unfinished.add(msg.seq)
-        if msg.state is MessageState.AVAILABLE:
+    def restore(self, messages: Iterable[Message]) -> None:
+        """Put back every message loaded from the store, in any order (recovery, not a
+        transition). Streams: what dispatch needs next stays in memory, the rest is paged
+        out as it comes, so a deep queue is never all in memory at once."""
+        offsets: dict[tuple[str, int], array[int]] = {}
+        best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
+        out: list[Message] = []
+        for msg in messages:
+            if self.priority is None:
+                msg.priority = None  # stored under an earlier config that had a priority
+            bm = msg.bookmark
+            self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
+            offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
+            if msg.state is not MessageState.SENT:
+                self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
+                if self.unfinished is not None:
+                    self.unfinished.add(msg.seq)
+            if msg.is_barrier:
+                self.barriers[msg.seq] = msg
+            if msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager:
+                first, seq = msg.order
+                heapq.heappush(best, (-first, -seq, msg))
+                if len(best) > self.window:
+                    out.append(heapq.heappop(best)[2])
+                    if len(out) >= RESTORE_PAGE_OUT:
+                        self._page_out_all(out)
+                continue
+            self.messages[bm] = msg
+            if msg.state is MessageState.AVAILABLE:
+                self._make_available(msg)
+            elif msg.deadline_ms is not None:
+                heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, bm))
+        self._page_out_all(out)
+        for _, _, msg in sorted(best, reverse=True):  # all before every paged-out one
+            self.messages[msg.bookmark] = msg
             self._make_available(msg)
-        elif msg.deadline_ms is not None:
-            heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, msg.bookmark))
+        for tp, values in offsets.items():
+            self.offsets[tp] = Ascending(sorted(values))
+
+    def _page_out_all(self, msgs: list[Message]) -> None:
+        for msg in msgs:
+            expires = self.expires_at(msg)
+            if expires is not None:
+                heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+            self._page_out(msg)
+        msgs.clear()

@@ -259,8 +259,8 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         if raw:
             decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
-        messages = [decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
-                    for k, v in store.scan(prefix)]
+        messages = (decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
+                    for k, v in store.scan(prefix))  # streamed: the queue pages out as it goes
         engine.restore(name, messages, subs_by_queue.get(name, []), now)
 
 
