@@ -198,8 +198,8 @@ class ServiceConfig(_Strict):
     metrics_port: int = Field(9464, ge=0, le=65535)
     heartbeat_timeout: DurationField = Duration(10_000)
     exactly_once: bool = False
-    # RocksDB's block cache and memtables together stay within this (e.g. "256MB", "1GiB")
-    memory_budget: ByteSize = Field(ByteSize(256 * 1024 * 1024), ge=16 * 1024 * 1024)
+    # RocksDB's block caches and memtables together stay within this (e.g. "64MiB", "1GB")
+    memory_budget: ByteSize = Field(ByteSize(64 * 1024 * 1024), ge=16 * 1024 * 1024)
     kafka: dict[str, str | int | bool] = Field(default_factory=dict)
 
     @model_validator(mode="after")

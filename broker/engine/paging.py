@@ -28,6 +28,8 @@ class Pager(Protocol):
 
     def put(self, queue: str, msg: Message) -> None: ...
 
+    def put_many(self, queue: str, msgs: list[Message]) -> None: ...
+
     def take(self, queue: str, bm: Bookmark) -> Message | None:
         """Page one message back in (remove it); None if it is not paged out."""
 
@@ -75,6 +77,10 @@ class MemoryPager:
         q.by_order[msg.order] = msg
         q.by_seq[msg.seq] = msg
         q.by_bm[msg.bookmark] = msg
+
+    def put_many(self, queue: str, msgs: list[Message]) -> None:
+        for msg in msgs:
+            self.put(queue, msg)
 
     def take(self, queue: str, bm: Bookmark) -> Message | None:
         q = self._q(queue)

@@ -475,6 +475,9 @@ class QueueState:
         assert self.pager is not None
         self.messages.pop(msg.bookmark, None)
         self.pager.put(self.name, msg)
+        self._paged_out(msg)
+
+    def _paged_out(self, msg: Message) -> None:
         self.paged += 1
         if self._floor is None or msg.order < self._floor:
             self._floor = msg.order
@@ -613,9 +616,12 @@ class QueueState:
             self.offsets[tp] = Ascending(sorted(values))
 
     def _page_out_all(self, msgs: list[Message]) -> None:
+        """Page out restored messages (never in `messages`) in one write."""
+        assert self.pager is not None
+        self.pager.put_many(self.name, msgs)
         for msg in msgs:
             expires = self.expires_at(msg)
             if expires is not None:
                 heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
-            self._page_out(msg)
+            self._paged_out(msg)
         msgs.clear()

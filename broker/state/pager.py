@@ -75,13 +75,17 @@ class RocksPager:
         return kind + queue.encode() + SEP + rest
 
     def put(self, queue: str, msg: Message) -> None:
-        order = order_key(msg.order)
+        self.put_many(queue, [msg])
+
+    def put_many(self, queue: str, msgs: list[Message]) -> None:
         batch = WriteBatch(raw_mode=True)
-        batch.put(self._key(b"o", queue, order), _record(msg))
-        batch.put(self._key(b"b", queue, str(msg.bookmark).encode()), order)
-        batch.put(self._key(b"s", queue, _SEQ.pack(msg.seq)), order)
+        for msg in msgs:
+            order = order_key(msg.order)
+            batch.put(self._key(b"o", queue, order), _record(msg))
+            batch.put(self._key(b"b", queue, str(msg.bookmark).encode()), order)
+            batch.put(self._key(b"s", queue, _SEQ.pack(msg.seq)), order)
         self._db.write(batch)
-        self._counts[queue] = self._counts.get(queue, 0) + 1
+        self._counts[queue] = self._counts.get(queue, 0) + len(msgs)
 
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
         batch.delete(self._key(b"o", queue, order))

@@ -9,7 +9,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
 
 from broker.errors import StateError
 
-DEFAULT_MEMORY_BUDGET = 256 * 1024 * 1024
+DEFAULT_MEMORY_BUDGET = 64 * 1024 * 1024
 
 
 def bounded_options(memory_budget: int) -> Options:

@@ -95,7 +95,7 @@ def test_bookmarks_round_trip_even_with_slashes_in_the_topic():
 
 
 def test_memory_budget_reads_sizes_and_refuses_too_little():
-    assert int(parse_config({}).service.memory_budget) == 256 * 1024 * 1024
+    assert int(parse_config({}).service.memory_budget) == 64 * 1024 * 1024
     assert int(parse_config({"service": {"memory_budget": "1GiB"}}).service.memory_budget) == 2**30
     message = error_of({"service": {"memory_budget": "1MB"}})
     assert "memory_budget" in message
