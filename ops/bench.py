@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,6 +123,21 @@ def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> Non
     Path(out).write_text(json.dumps(lat))
 
 
+def role_leaser(bs: str, prefix: str, queue: str, count: int, ready: str) -> None:
+    """Lease `count` messages and hold them (heartbeats keep the leases) until killed."""
+    from broker.client import QueueClient
+
+    c = QueueClient(bs, name="bench-leaser", topic_prefix=prefix)
+    held = 0
+    for _ in c.subscribe(queue, max_backlog=count).messages(timeout=30):
+        held += 1
+        if held == count:
+            break
+    Path(ready).write_text(str(held))
+    while True:
+        time.sleep(1)
+
+
 # -- orchestration -----------------------------------------------------------------------------
 
 def spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -163,11 +180,12 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
             "p99_ms": percentile(lat, 0.99)}
 
 
-def write_config(tmp: Path, bs: str, prefix: str, queue: str) -> Path:
+def write_config(tmp: Path, bs: str, prefix: str, queue: str, backlog: int = 100) -> Path:
     cfg = tmp / f"{prefix}.toml"
     cfg.write_text(f'[service]\nbootstrap_servers = "{bs}"\ntopic_prefix = "{prefix}"\n'
                    f'data_dir = "{tmp / prefix}"\nmetrics_port = 0\n'
-                   f'[[queue]]\nname = "{queue}"\nmax_per_subscription_backlog = 100\n')
+                   f'[[queue]]\nname = "{queue}"\nmax_per_subscription_backlog = {backlog}\n'
+                   'lease_period = "1h"\n')
     return cfg
 
 
@@ -266,11 +284,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rss(bs: str, m: int, tmp: Path) -> dict[str, float]:
+def run_rss(bs: str, m: int, leased: int, tmp: Path) -> dict[str, float]:
     prefix = f"kqr{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
     clients.ensure_topics(clients.admin(bs), [queue])
-    cfg = write_config(tmp, bs, prefix, queue)
+    cfg = write_config(tmp, bs, prefix, queue, backlog=max(leased, 1))
     log = tmp / f"{prefix}.log"
     proc, _ = start_service(cfg, log)
     time.sleep(1)
@@ -279,13 +297,32 @@ def run_rss(bs: str, m: int, tmp: Path) -> dict[str, float]:
     wait_stat(bs, prefix, queue, "enqueued", m)
     loaded = rss_kb(proc.pid)
     browse_s = browse_all(bs, prefix, queue, m)
+    leaser = None
+    if leased:  # leases held across the restart: they stay in memory, the rest is paged
+        ready = tmp / f"{prefix}.leased"
+        leaser = spawn("_leaser", bs, prefix, queue, str(leased), str(ready))
+        while not ready.exists():
+            time.sleep(0.1)
     proc.terminate()
     proc.wait()
     proc, restart_s = start_service(cfg, log)
     proc.terminate()
     proc.wait()
+    # the local state lost: rebuilt from the journal (and the payloads from their topic)
+    shutil.rmtree(tmp / prefix)
+    proc, rebuild_s = start_service(cfg, log)
+    proc.terminate()
+    proc.wait()
+    if leaser is not None:
+        leaser.kill()
+    # the service's own figure: the replay, without the start around it
+    rebuilt = re.findall(r"replayed \d+ journal batches \((\d+) transitions\) into the local "
+                         r"state in ([\d.]+) s", log.read_text())
+    transitions, replay_s = (int(rebuilt[-1][0]), float(rebuilt[-1][1])) if rebuilt else (0, 0.0)
     return {"rss_bytes_per_queued_msg": (loaded - base) * 1024 / m, "queued": m,
-            "restart_s": restart_s, "browse_msgs_per_s": m / browse_s}
+            "leased": leased, "restart_s": restart_s, "browse_msgs_per_s": m / browse_s,
+            "rebuild_s": rebuild_s, "rebuild_transitions": transitions,
+            "rebuild_transitions_per_s": transitions / max(replay_s, 0.05)}
 
 
 def browse_all(bs: str, prefix: str, queue: str, m: int) -> float:
@@ -311,6 +348,9 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, default=50)
     ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
     ap.add_argument("--rss-messages", type=int, default=50000)
+    ap.add_argument("--rss-leased", type=int, default=10000,
+                    help="of the --rss-messages, how many a subscriber holds leased while "
+                         "the service restarts")
     ap.add_argument("--bootstrap")
     ap.add_argument("--phases", default="raw,kq,rss",
                     help="which parts to run (comma separated): raw, kq, rss")
@@ -329,9 +369,11 @@ def main() -> None:
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
         kq = (run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog, a.profile)
               if "kq" in phases else nan)
-        rss = (run_rss(bs, a.rss_messages, tmp) if "rss" in phases else
-               {"rss_bytes_per_queued_msg": float("nan"), "queued": 0,
-                "restart_s": float("nan"), "browse_msgs_per_s": float("nan")})
+        rss = (run_rss(bs, a.rss_messages, a.rss_leased, tmp) if "rss" in phases else
+               {"rss_bytes_per_queued_msg": float("nan"), "queued": 0, "leased": 0,
+                "restart_s": float("nan"), "browse_msgs_per_s": float("nan"),
+                "rebuild_s": float("nan"), "rebuild_transitions": 0,
+                "rebuild_transitions_per_s": float("nan")})
         pipeline = None
         if a.pipeline:
             from ops.bench_pipeline import measure
@@ -350,7 +392,10 @@ def main() -> None:
           f"   p99 {kq['p99_ms']:7.1f} ms")
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
-          f"({rss['queued']} queued); restart with them queued: {rss['restart_s']:.1f} s")
+          f"({rss['queued']} queued); restart with them queued ({rss['leased']} leased): "
+          f"{rss['restart_s']:.1f} s")
+    print(f"rebuild without data_dir: {rss['rebuild_s']:.1f} s, "
+          f"{rss['rebuild_transitions_per_s']:.0f} journal transitions/s")
     print(f"browse: a new browser is shown them at {rss['browse_msgs_per_s']:.0f} msgs/s")
     if pipeline is not None:
         print(f"pipeline: kq journal report on local[2] read {pipeline['transitions']} "
@@ -364,6 +409,8 @@ if __name__ == "__main__":
         role_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     elif role == "_raw_sub":
         role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    elif role == "_leaser":
+        role_leaser(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
     elif role == "_kq_sub":
         role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else:

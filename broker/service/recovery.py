@@ -61,6 +61,7 @@ def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
             write_marker, now: int) -> Recovered:  # noqa: ANN001
     """Bring `engine` and `store` to the last committed batch of the journal."""
+    started = time.monotonic()
     load_engine(store, engine, now)
     positions = load_positions(store)
     meta = load_meta(store)
@@ -118,8 +119,10 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         _refetch_payloads(store, engine, consumer, cp)
         cp.write(store, engine)
         positions.update(cp.positions)
-        log.info("replayed %d journal batches (%d transitions) into the local state",
-                 replayed, len(cp.transitions))
+        took = time.monotonic() - started
+        log.info("replayed %d journal batches (%d transitions) into the local state in "
+                 "%.1f s: %.0f transitions/s", replayed, len(cp.transitions), took,
+                 len(cp.transitions) / max(took, 1e-9))
     return Recovered(positions, cp.batch, replayed, unsent)
 
 

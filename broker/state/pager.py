@@ -45,9 +45,9 @@ def order_key(order: tuple[float, int]) -> bytes:
     return head + _SEQ.pack(seq)
 
 
-def _record(msg: Message) -> bytes:
+def _record(msg: Message, bm: bytes) -> bytes:
     packed = encode_message(msg)
-    return _LEN.pack(len(packed)) + packed + str(msg.bookmark).encode()
+    return _LEN.pack(len(packed)) + packed + bm
 
 
 def _message(data: bytes) -> Message:
@@ -79,11 +79,13 @@ class RocksPager:
 
     def put_many(self, queue: str, msgs: list[Message]) -> None:
         batch = WriteBatch(raw_mode=True)
+        head = queue.encode() + SEP
         for msg in msgs:
             order = order_key(msg.order)
-            batch.put(self._key(b"o", queue, order), _record(msg))
-            batch.put(self._key(b"b", queue, str(msg.bookmark).encode()), order)
-            batch.put(self._key(b"s", queue, _SEQ.pack(msg.seq)), order)
+            bm = str(msg.bookmark).encode()
+            batch.put(b"o" + head + order, _record(msg, bm))
+            batch.put(b"b" + head + bm, order)
+            batch.put(b"s" + head + _SEQ.pack(msg.seq), order)
         self._db.write(batch)
         self._counts[queue] = self._counts.get(queue, 0) + len(msgs)
 
