@@ -62,6 +62,25 @@ def is_packed_payload(data: bytes) -> bool:
     return data[:2] == PAYLOAD_TAG
 
 
+# -- stored messages ---------------------------------------------------------------------------
+# A queued message's record (broker.state.layout.encode_message): written at every lease and
+# return. MESSAGE_TAG cannot start an Avro record kq wrote (wire.MARKER or a small zigzag
+# long), so records of earlier versions are still read.
+MESSAGE_TAG = b"\xc3\x02"
+MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
+HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER = 1, 2, 4, 8
+AVAILABLE_CODE = 0  # the first of broker.engine.states.MessageState
+
+
+def message_head(data: bytes) -> tuple[int, int, int, float | None, bool] | None:
+    """(seq, timestamp_ms, state code, priority, is_barrier) of a packed message record
+    without building the message; None for a record in an earlier (Avro) layout."""
+    if data[:2] != MESSAGE_TAG:
+        return None
+    _, seq, ts, state, _, _, _, priority, flags = MESSAGE.unpack_from(data)
+    return seq, ts, state, priority if flags & HAS_PRIORITY else None, bool(flags & BARRIER)
+
+
 # -- number columns ----------------------------------------------------------------------------
 assert array("i").itemsize == 4 and array("q").itemsize == 8 and array("d").itemsize == 8
 

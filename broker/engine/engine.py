@@ -334,8 +334,17 @@ class Engine(Timers, Dispatcher, Acks):
     def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],
                 now: int) -> None:
         """Load one queue's stored state (messages first, then their subscriptions)."""
-        q = self.queues[queue]
-        q.restore(messages)
+        self.queues[queue].restore(messages)
+        self._restore_subs(subs, now)
+
+    def restore_stored(self, queue: str, records: Iterable[tuple[str, bytes]],
+                       load: Callable[[str, bytes], Message], subs: Iterable[Transition],
+                       now: int) -> None:
+        """`restore` from the store's records as they are (see QueueState.restore_stored)."""
+        self.queues[queue].restore_stored(records, load)
+        self._restore_subs(subs, now)
+
+    def _restore_subs(self, subs: Iterable[Transition], now: int) -> None:
         for t in subs:
             self.apply(t)
             self.last_seen.setdefault(t.client or "", now)

@@ -12,7 +12,7 @@ time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sortedcontainers import SortedDict
@@ -29,6 +29,11 @@ class Pager(Protocol):
     def put(self, queue: str, msg: Message) -> None: ...
 
     def put_many(self, queue: str, msgs: list[Message]) -> None: ...
+
+    def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
+                     load: Callable[[str, bytes], Message]) -> None:
+        """Page out stored records as they are: (order, seq, bookmark text, packed message);
+        `load` turns one into a Message."""
 
     def take(self, queue: str, bm: Bookmark) -> Message | None:
         """Page one message back in (remove it); None if it is not paged out."""
@@ -81,6 +86,10 @@ class MemoryPager:
     def put_many(self, queue: str, msgs: list[Message]) -> None:
         for msg in msgs:
             self.put(queue, msg)
+
+    def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
+                     load: Callable[[str, bytes], Message]) -> None:
+        self.put_many(queue, [load(text, raw) for _, _, text, raw in items])
 
     def take(self, queue: str, bm: Bookmark) -> Message | None:
         q = self._q(queue)

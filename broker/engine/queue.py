@@ -22,6 +22,7 @@ from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
 from broker.errors import StateError
 from broker.expr import Doc, Expression, compile_expression
+from broker.packed import AVAILABLE_CODE, message_head
 from broker.values import Bookmark
 
 
@@ -576,11 +577,12 @@ class QueueState:
             if self.matching:
                 self.fresh.append(msg)
 
-    def restore(self, messages: Iterable[Message]) -> None:
+    def restore(self, messages: Iterable[Message],
+                offsets: dict[tuple[str, int], array[int]] | None = None) -> None:
         """Put back every message loaded from the store, in any order (recovery, not a
         transition). Streams: what dispatch needs next stays in memory, the rest is paged
         out as it comes, so a deep queue is never all in memory at once."""
-        offsets: dict[tuple[str, int], array[int]] = {}
+        offsets = offsets if offsets is not None else {}  # of messages counted already
         best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
         out: list[Message] = []
         for msg in messages:
@@ -614,6 +616,69 @@ class QueueState:
             self._make_available(msg)
         for tp, values in offsets.items():
             self.offsets[tp] = Ascending(sorted(values))
+
+    def restore_stored(self, records: Iterable[tuple[str, bytes]],
+                       load: Callable[[str, bytes], Message]) -> None:
+        """`restore` from stored records (bookmark text, packed message): an available
+        message that is paged out goes to the pager as stored, without becoming a Message
+        (`load` builds one when needed), so a restart costs a few microseconds per queued
+        message."""
+        if self.pager is None or self.config.expiration:
+            self.restore(load(text, data) for text, data in records)
+            return
+        best: list[tuple[float, int, str, bytes | Message]] = []  # the window, worst on top
+        out: list[tuple[Any, int, str, bytes]] = []
+        out_loaded: list[Message] = []
+        offsets: dict[str, array[int]] = {}  # "topic/partition" -> offsets
+        others: list[Message] = []  # leased, sent and barriers: `restore` takes them
+        for bm_text, data in records:
+            head = message_head(data)
+            if head is None or (head[3] is not None and self.priority is None):
+                msg = load(bm_text, data)  # an older layout, or a priority no longer used
+                if msg.state is not MessageState.AVAILABLE or msg.is_barrier:
+                    others.append(msg)
+                    continue
+                msg.priority = msg.priority if self.priority is not None else None
+                item: bytes | Message = msg
+                seq, ts, first = msg.seq, msg.timestamp_ms, msg.order[0]
+            elif head[2] != AVAILABLE_CODE or head[4]:
+                others.append(load(bm_text, data))
+                continue
+            else:
+                seq, ts, _, priority, _ = head
+                first, item = math.inf if priority is None else -priority, data
+            self.stats.next_seq = max(self.stats.next_seq, seq + 1)
+            where, _, offset = bm_text.rpartition("/")
+            offsets.setdefault(where, array("q")).append(int(offset))
+            self.timestamps[ts] = self.timestamps.get(ts, 0) + 1
+            heapq.heappush(best, (-first, -seq, bm_text, item))
+            if len(best) > self.window:
+                negfirst, negseq, text, popped = heapq.heappop(best)
+                if isinstance(popped, Message):
+                    out_loaded.append(popped)
+                else:
+                    out.append(((-negfirst, -negseq), -negseq, text, popped))
+                if len(out) >= RESTORE_PAGE_OUT:
+                    self._page_out_raw(out, load)
+        self._page_out_raw(out, load)
+        self._page_out_all(out_loaded)
+        for _, _, text, kept in sorted(best, reverse=True):  # before every paged-out one
+            msg = kept if isinstance(kept, Message) else load(text, kept)
+            self.messages[msg.bookmark] = msg
+            self._make_available(msg)
+        self.restore(others, offsets={
+            (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
+            for where, values in offsets.items()})
+
+    def _page_out_raw(self, items: list[tuple[Any, int, str, bytes]],
+                      load: Callable[[str, bytes], Message]) -> None:
+        assert self.pager is not None
+        self.pager.put_raw_many(self.name, items, load)
+        for order, _, _, _ in items:
+            self.paged += 1
+            if self._floor is None or order < self._floor:
+                self._floor = order
+        items.clear()
 
     def _page_out_all(self, msgs: list[Message]) -> None:
         """Page out restored messages (never in `messages`) in one write."""

@@ -13,7 +13,6 @@ Keys (bytes, NUL-separated so a prefix scan never crosses into a neighbour):
 from __future__ import annotations
 
 import json
-import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,18 @@ from broker.engine.engine import Engine
 from broker.engine.queue import Message, QueueState, QueueStats
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Transition
-from broker.packed import is_packed_payload, pack_payload, unpack_payload
+from broker.packed import (
+    AVAILABLE_CODE,
+    BARRIER,
+    HAS_DEADLINE,
+    HAS_HOLDER,
+    HAS_PRIORITY,
+    MESSAGE,
+    MESSAGE_TAG,
+    is_packed_payload,
+    pack_payload,
+    unpack_payload,
+)
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -91,21 +101,18 @@ class Payload:
         return cls(r["key"], r["value"], headers, r["timestamp_ms"])
 
 
-# A queued message's record is written at every lease and return: packed with struct, not
-# Avro (a few times cheaper). TAG cannot start an Avro record kq wrote (wire.MARKER or a
-# small zigzag long), so records of earlier versions are still read.
-MESSAGE_TAG = b"\xc3\x02"
-_MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
+# A queued message's record is packed with struct, not Avro (a few times cheaper; the layout
+# is in broker.packed).
 _STATES = tuple(MessageState)
 _STATE_CODE = {s: i for i, s in enumerate(_STATES)}
-_HAS_DEADLINE, _HAS_PRIORITY, _BARRIER, _HAS_HOLDER = 1, 2, 4, 8
+assert _STATES[AVAILABLE_CODE] is MessageState.AVAILABLE
 
 
 def encode_message(m: Message) -> bytes:
-    flags = ((m.deadline_ms is not None and _HAS_DEADLINE) | (m.priority is not None
-             and _HAS_PRIORITY) | (m.is_barrier and _BARRIER) | (m.holder is not None
-                                                                  and _HAS_HOLDER))
-    head = _MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
+    flags = ((m.deadline_ms is not None and HAS_DEADLINE) | (m.priority is not None
+             and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
+                                                                  and HAS_HOLDER))
+    head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
                          m.delivery_count, m.cancel_count, m.deadline_ms or 0,
                          m.priority or 0.0, flags)
     return head + m.holder.encode() if m.holder is not None else head
@@ -114,12 +121,12 @@ def encode_message(m: Message) -> bytes:
 def decode_message(bm: Bookmark, data: bytes) -> Message:
     if data[:2] != MESSAGE_TAG:
         return _decode_avro_message(bm, data)
-    _, seq, ts, state, dc, cc, deadline, priority, flags = _MESSAGE.unpack_from(data)
+    _, seq, ts, state, dc, cc, deadline, priority, flags = MESSAGE.unpack_from(data)
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
-                  data[_MESSAGE.size:].decode() if flags & _HAS_HOLDER else None,
-                  deadline if flags & _HAS_DEADLINE else None)
-    msg.priority = priority if flags & _HAS_PRIORITY else None
-    msg.is_barrier = bool(flags & _BARRIER)
+                  data[MESSAGE.size:].decode() if flags & HAS_HOLDER else None,
+                  deadline if flags & HAS_DEADLINE else None)
+    msg.priority = priority if flags & HAS_PRIORITY else None
+    msg.is_barrier = bool(flags & BARRIER)
     return msg
 
 
@@ -259,9 +266,12 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         if raw:
             decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
-        messages = (decode_message(Bookmark.parse(k[len(prefix):].decode()), v)
-                    for k, v in store.scan(prefix))  # streamed: the queue pages out as it goes
-        engine.restore(name, messages, subs_by_queue.get(name, []), now)
+        records = ((k[len(prefix):].decode(), v) for k, v in store.scan(prefix))
+        engine.restore_stored(name, records, _load_stored, subs_by_queue.get(name, []), now)
+
+
+def _load_stored(bm_text: str, data: bytes) -> Message:
+    return decode_message(Bookmark.parse(bm_text), data)
 
 
 def load_payload(store: Store, bm: Bookmark) -> Payload | None:

@@ -89,6 +89,20 @@ class RocksPager:
         self._db.write(batch)
         self._counts[queue] = self._counts.get(queue, 0) + len(msgs)
 
+    def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
+                     load: Any = None) -> None:
+        """Records as the store holds them (packed): copied, not decoded."""
+        batch = WriteBatch(raw_mode=True)
+        head = queue.encode() + SEP
+        for order, seq, text, packed in items:
+            key = order_key(order)
+            bm = text.encode()
+            batch.put(b"o" + head + key, _LEN.pack(len(packed)) + packed + bm)
+            batch.put(b"b" + head + bm, key)
+            batch.put(b"s" + head + _SEQ.pack(seq), key)
+        self._db.write(batch)
+        self._counts[queue] = self._counts.get(queue, 0) + len(items)
+
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
         batch.delete(self._key(b"o", queue, order))
         batch.delete(self._key(b"b", queue, str(msg.bookmark).encode()))

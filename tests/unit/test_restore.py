@@ -1,0 +1,82 @@
+"""A restart loads each queue from the store streaming: whatever the window, the queue it
+rebuilds holds exactly what was stored (states, counts, order, recovery points), with only
+a window of available messages in memory and the rest paged out."""
+
+import random
+
+import pytest
+
+from broker import wire
+from broker.engine.engine import Engine
+from broker.engine.paging import MemoryPager
+from broker.engine.queue import Message
+from broker.engine.states import MessageState
+from broker.state.layout import encode_message, load_engine, message_key
+from broker.state.pager import RocksPager
+from broker.state.store import MemoryStore
+from broker.values import Bookmark
+from tests.unit.harness import queue
+
+NOW = 1_700_000_000_000
+
+
+def stored_queue(rng: random.Random, n: int) -> tuple[MemoryStore, list[Message]]:
+    store, msgs = MemoryStore(), []
+    for seq in range(n):
+        msg = Message(Bookmark("T", seq % 3, 100 + seq), seq, NOW + rng.randrange(1000))
+        msg.priority = rng.choice([None, 1.0, 5.0, 9.0])
+        if rng.random() < 0.1:
+            msg.state, msg.holder, msg.deadline_ms, msg.delivery_count = (
+                MessageState.LEASED, "s1", NOW + 60_000, 1)
+        msgs.append(msg)
+        if rng.random() < 0.2:  # written by an earlier kq, in Avro
+            value = wire.encode("stored_message", {
+                "seq": msg.seq, "timestamp_ms": msg.timestamp_ms, "state": msg.state.value,
+                "delivery_count": msg.delivery_count, "cancel_count": 0, "holder": msg.holder,
+                "deadline_ms": msg.deadline_ms, "priority": msg.priority, "barrier": False})
+        else:
+            value = encode_message(msg)
+        store.write({message_key("Q", msg.bookmark): value}, [])
+    return store, msgs
+
+
+def picture(engine: Engine) -> tuple:
+    q = engine.queues["Q"]
+    every = [(str(m.bookmark), m.seq, m.state.value, m.priority, m.delivery_count)
+             for m in q.by_seq()]
+    order = []
+    while q.available or q.paged:  # the delivery order, by paging everything back in
+        q.window = 10**9
+        q.refill()
+        order = [str(m.bookmark) for m in q.available.values()]
+        break
+    return (every, q.available_count(), q.depth(), q.stats.next_seq, q.oldest_timestamp(),
+            q.recovery_points({}), order)
+
+
+@pytest.mark.parametrize("priority", [None, "/p"])
+@pytest.mark.parametrize("window", [1, 7, 10_000])
+def test_a_restored_queue_is_the_stored_one_with_only_a_window_in_memory(
+        tmp_path, priority, window):
+    store, _ = stored_queue(random.Random(window), 300)
+    config = queue("Q", priority=priority) if priority else queue("Q")
+    reference = Engine([config], window=10**9)
+    load_engine(store, reference, NOW)
+    for pager in (MemoryPager(), RocksPager(tmp_path / f"pager{window}", 32 << 20)):
+        engine = Engine([config], pager=pager, window=window)
+        load_engine(store, engine, NOW)
+        q = engine.queues["Q"]
+        assert len(q.available) <= window
+        assert len(q.available) + q.paged == reference.queues["Q"].available_count()
+        assert picture(engine) == picture(reference)
+
+
+def test_expiration_queues_restore_the_same_way(tmp_path):
+    store, _ = stored_queue(random.Random(3), 50)
+    config = queue("Q", expiration="1h")
+    reference = Engine([config], window=10**9)
+    load_engine(store, reference, NOW)
+    engine = Engine([config], window=4)
+    load_engine(store, engine, NOW)
+    assert engine.queues["Q"].paged > 0
+    assert picture(engine) == picture(reference)
