@@ -631,6 +631,8 @@ class QueueState:
         out_loaded: list[Message] = []
         offsets: dict[str, array[int]] = {}  # "topic/partition" -> offsets
         others: list[Message] = []  # leased, sent and barriers: `restore` takes them
+        stamps: Counter[int] = Counter()
+        next_seq = self.stats.next_seq
         for bm_text, data in records:
             head = message_head(data)
             if head is None or (head[3] is not None and self.priority is None):
@@ -647,21 +649,29 @@ class QueueState:
             else:
                 seq, ts, _, priority, _ = head
                 first, item = math.inf if priority is None else -priority, data
-            self.stats.next_seq = max(self.stats.next_seq, seq + 1)
+            if seq >= next_seq:
+                next_seq = seq + 1
             where, _, offset = bm_text.rpartition("/")
             offsets.setdefault(where, array("q")).append(int(offset))
-            self.timestamps[ts] = self.timestamps.get(ts, 0) + 1
-            heapq.heappush(best, (-first, -seq, bm_text, item))
-            if len(best) > self.window:
-                negfirst, negseq, text, popped = heapq.heappop(best)
-                if isinstance(popped, Message):
-                    out_loaded.append(popped)
-                else:
-                    out.append(((-negfirst, -negseq), -negseq, text, popped))
-                if len(out) >= RESTORE_PAGE_OUT:
-                    self._page_out_raw(out, load)
+            stamps[ts] += 1
+            entry = (-first, -seq, bm_text, item)
+            if len(best) < self.window:
+                heapq.heappush(best, entry)
+                continue
+            if entry[:2] > best[0][:2]:  # better than the worst kept: it takes its place
+                entry = heapq.heapreplace(best, entry)
+            negfirst, negseq, text, popped = entry  # the one paged out
+            if isinstance(popped, Message):
+                out_loaded.append(popped)
+            else:
+                out.append(((-negfirst, -negseq), -negseq, text, popped))
+            if len(out) >= RESTORE_PAGE_OUT:
+                self._page_out_raw(out, load)
         self._page_out_raw(out, load)
         self._page_out_all(out_loaded)
+        self.stats.next_seq = next_seq
+        for ts, count in stamps.items():
+            self.timestamps[ts] = self.timestamps.get(ts, 0) + count
         for _, _, text, kept in sorted(best, reverse=True):  # before every paged-out one
             msg = kept if isinstance(kept, Message) else load(text, kept)
             self.messages[msg.bookmark] = msg

@@ -125,14 +125,11 @@ class RocksPager:
         return msg
 
     def _scan(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._db.iter()
-        it.seek(start)
-        while it.valid():
-            key = bytes(it.key())
+        for key, value in self._db.items(from_key=start):
+            assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
             if not key.startswith(prefix):
                 return
-            yield key, bytes(it.value())
-            it.next()
+            yield key, value
 
     def take_first(self, queue: str, limit: int) -> list[Message]:
         prefix = self._key(b"o", queue, b"")
