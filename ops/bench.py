@@ -197,7 +197,8 @@ def start_service(cfg: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]
     before = log.read_text().count("ready:") if log.exists() else 0
     while log.read_text().count("ready:") <= before:
         if proc.poll() is not None:
-            raise SystemExit(f"kq serve exited: see {log}")
+            tail = "\n".join(log.read_text().splitlines()[-15:])
+            raise SystemExit(f"kq serve exited; the end of its log:\n{tail}")
         time.sleep(0.02)
     return proc, time.monotonic() - started
 
