@@ -38,6 +38,7 @@ from broker.state.store import Store
 from broker.values import Bookmark
 
 SEP = b"\x00"
+FINISHING = frozenset({Kind.ACKED, Kind.REMOVED, Kind.RELEASED})
 META_JOURNAL = b"meta" + SEP + b"journal"
 
 
@@ -189,7 +190,9 @@ class Checkpoint:
                 continue
             touched_queues.add(t.queue)
             if t.bookmark is not None:
-                msg = q.find(t.bookmark)
+                # a message finished by this transition is gone (a later transition of
+                # the batch that queues it again puts it back: puts win over deletes)
+                msg = None if t.kind in FINISHING else q.find(t.bookmark)
                 key = message_key(t.queue, t.bookmark)
                 if msg is None:
                     deletes.append(key)

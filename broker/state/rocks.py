@@ -21,6 +21,8 @@ def bounded_options(memory_budget: int) -> Options:
     table = BlockBasedOptions()
     table.set_block_cache(Cache(memory_budget // 2))
     table.set_cache_index_and_filter_blocks(True)
+    # a get of a key that is not there (a finished message) is answered by the filter
+    table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(max(memory_budget // 8, 1024 * 1024))
     options.set_max_write_buffer_number(2)
