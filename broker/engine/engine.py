@@ -202,7 +202,7 @@ class Engine(Timers, Dispatcher, Acks):
     def _arrive(self, e: ev.MessageArrived, now: int) -> None:
         q = self.queues.get(e.queue)
         ts = e.timestamp_ms if e.timestamp_ms > 0 else now
-        if q is None or ts < q.start_ms or q.find(e.bookmark) is not None:
+        if q is None or ts < q.start_ms or q.queued(e.bookmark):
             return
         if q.full:
             q.deferring = True

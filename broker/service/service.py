@@ -137,9 +137,9 @@ class Service:
         # The journal is the state: a new queue state is rebuilt from all of it.
         clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
         budget = int(svc.memory_budget)
-        if self._store is None:  # RocksDB: three quarters of the budget, the pager the rest
-            self._store = RocksStore(svc.data_dir, budget - budget // 4)
-            self._pager = RocksPager(Path(svc.data_dir) / "pager", budget // 4)
+        if self._store is None:  # RocksDB: half the budget each for the state and the pager
+            self._store = RocksStore(svc.data_dir, budget - budget // 2)
+            self._pager = RocksPager(Path(svc.data_dir) / "pager", budget // 2)
             self.engine.use_pager(self._pager)
         store = self._store
         self._producer = clients.producer(self.bootstrap, self.kafka_extra)

@@ -184,6 +184,7 @@ class Checkpoint:
         deletes: list[bytes] = []
         touched_queues: set[str] = set()
         touched_payloads: set[Bookmark] = set(self.payloads)
+        alive: set[Bookmark] = set()  # still queued somewhere: its payload stays
         for t in self.transitions:
             q = engine.queues.get(t.queue)
             if q is None:
@@ -198,6 +199,7 @@ class Checkpoint:
                     deletes.append(key)
                 else:
                     puts[key] = encode_message(msg)
+                    alive.add(t.bookmark)
                 touched_payloads.add(t.bookmark)
             elif t.sub_id is not None:
                 sub = q.subscription(t.sub_id)
@@ -211,7 +213,7 @@ class Checkpoint:
                         "browse": sub.browse, "cursor": sub.cursor,
                         "principal": sub.principal}).encode()
         for bm in touched_payloads:
-            if any(q.find(bm) is not None for q in engine.queues.values()):
+            if bm in alive or any(q.queued(bm) for q in engine.queues.values()):
                 if bm in self.payloads:
                     puts[payload_key(bm)] = self.payloads[bm].encode()
             else:
