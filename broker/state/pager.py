@@ -66,6 +66,18 @@ class RocksPager:
         no_log.disable_wal = True  # type: ignore[method-assign, assignment]  # a property
         self._db.set_write_options(no_log)
         self._counts: dict[str, int] = {}
+        # Per queue, a key at or below every live `o` key: seeks start there, not at the
+        # prefix, so they do not wade through the deleted entries before it (a queue takes
+        # from the front: RocksDB keeps tombstones until compaction).
+        self._low: dict[str, bytes] = {}
+
+    def _lower(self, queue: str, key: bytes) -> None:
+        low = self._low.get(queue)
+        if low is None or key < low:
+            self._low[queue] = key
+
+    def _from(self, queue: str) -> bytes:
+        return self._low.get(queue) or self._key(b"o", queue, b"")
 
     def close(self) -> None:
         self._db.close()
@@ -83,6 +95,7 @@ class RocksPager:
         for msg in msgs:
             order = order_key(msg.order)
             bm = str(msg.bookmark).encode()
+            self._lower(queue, b"o" + head + order)
             batch.put(b"o" + head + order, _record(msg, bm))
             batch.put(b"b" + head + bm, order)
             batch.put(b"s" + head + _SEQ.pack(msg.seq), order)
@@ -97,6 +110,7 @@ class RocksPager:
         for order, seq, text, packed in items:
             key = order_key(order)
             bm = text.encode()
+            self._lower(queue, b"o" + head + key)
             batch.put(b"o" + head + key, _LEN.pack(len(packed)) + packed + bm)
             batch.put(b"b" + head + bm, key)
             batch.put(b"s" + head + _SEQ.pack(seq), key)
@@ -146,13 +160,15 @@ class RocksPager:
 
     def first_order(self, queue: str) -> Any:
         prefix = self._key(b"o", queue, b"")
-        for _, value in self._scan(prefix, prefix):
+        for key, value in self._scan(prefix, self._from(queue)):
+            self._low[queue] = key
             return _message(value).order
         return None
 
     def after(self, queue: str, order: Any, limit: int) -> list[Message]:
         prefix = self._key(b"o", queue, b"")
-        start = prefix if order is None else prefix + order_key(order) + b"\x00"
+        start = self._from(queue) if order is None else max(
+            self._from(queue), prefix + order_key(order) + b"\x00")
         out: list[Message] = []
         for _, value in self._scan(prefix, start):
             if len(out) >= limit:
