@@ -1,0 +1,263 @@
+"""A queue's window: which available messages it holds in memory, and the pager for the rest.
+
+A part of `QueueState` (its base class), kept apart: paging out and back in, the filters' look
+into the pager, and the streaming restore at start. Paged-out messages all come after every
+available one held in memory, barriers aside (they never leave memory): dispatch takes the
+head of `available` after `refill`. Only a filter's scan (`paged_matches`) reaches past them,
+and what it finds is leased straight from the pager, so that order holds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sortedcontainers import SortedDict, SortedList
+
+from broker.config import QueueConfig
+from broker.engine.message import Ascending, Message, QueueStats
+from broker.engine.paging import Pager
+from broker.engine.states import MessageState
+from broker.expr import Expression
+from broker.packed import AVAILABLE_CODE, message_head
+from broker.values import Bookmark
+
+RESTORE_PAGE_OUT = 10_000  # paged out together while a queue is restored
+
+# Available messages a queue holds in memory (twice this before it pages the last ones out;
+# refilled below half of it): the rest wait in the pager.
+WINDOW = 10_000
+
+
+
+
+class Window:
+    """The paging part of QueueState: the state it shares is declared here."""
+
+    config: QueueConfig
+    pager: Pager | None
+    window: int
+    paged: int
+    _floor: Any
+    filter_scan: dict[str, Any]
+    messages: dict[Bookmark, Message]
+    available: SortedDict
+    barriers: SortedDict
+    unfinished: SortedList | None
+    stats: QueueStats
+    timestamps: SortedDict
+    offsets: dict[tuple[str, int], Ascending]
+    lease_timers: list[tuple[int, int, Bookmark]]
+    expiry_timers: list[tuple[int, int, Bookmark]]
+    priority: Expression | None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def expires_at(self, msg: Message) -> int | None:
+        raise NotImplementedError
+
+    def _make_available(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def _hold_available(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def _leave(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    # Paged-out messages all come after every available one held in memory, barriers aside
+    # (they never leave memory): dispatch takes the head of `available` after `refill`. Only
+    # a filter's scan (`paged_matches`) reaches past them, and what it finds is leased
+    # straight from the pager, so that order holds.
+    def _page_out(self, msg: Message) -> None:
+        assert self.pager is not None
+        self.messages.pop(msg.bookmark, None)
+        self.pager.put(self.name, msg)
+        self._paged_out(msg)
+
+    def _paged_out(self, msg: Message) -> None:
+        self.paged += 1
+        if self._floor is None or msg.order < self._floor:
+            self._floor = msg.order
+        for text, scanned in self.filter_scan.items():
+            if scanned is not None and msg.order <= scanned:
+                self.filter_scan[text] = None  # look again from the start
+
+    def _evict(self) -> None:
+        """Too many available messages in memory: page out the last ones."""
+        while len(self.available) - len(self.barriers) > self.window:
+            i = len(self.available) - 1
+            while self.available.peekitem(i)[1].is_barrier:
+                i -= 1
+            msg = self.available.peekitem(i)[1]
+            self._leave(msg)
+            self._page_out(msg)
+
+    def _page_in(self, bm: Bookmark) -> Message | None:
+        """Bring one paged-out message back into memory (before a transition changes it)."""
+        if not self.paged or self.pager is None:
+            return None
+        msg = self.pager.take(self.name, bm)
+        if msg is not None:
+            self.paged -= 1
+            self._floor = self.pager.first_order(self.name)
+            self._hold_available(msg)
+        return msg
+
+    def refill(self) -> bool:
+        """Before dispatch: page back in the first paged-out messages once fewer than half
+        a window of available ones are left in memory. True when it did."""
+        if not self.paged or self.pager is None:
+            return False
+        held = len(self.available) - len(self.barriers)
+        if held >= (self.window + 1) // 2:
+            return False
+        for msg in self.pager.take_first(self.name, self.window - held):
+            self.paged -= 1
+            self._hold_available(msg)
+        self._floor = self.pager.first_order(self.name)
+        return True
+
+    def paged_matches(self, text: str, expr: Expression, doc_of: Any,
+                      limit: int) -> Message | None:
+        """The first paged-out message filter `text` takes, looking at no more than `limit`
+        (then None: the look goes on from there next time)."""
+        if not self.paged or self.pager is None:
+            return None
+        scanned = self.filter_scan.get(text)
+        for msg in self.pager.after(self.name, scanned, limit):
+            doc = doc_of(msg)
+            if doc is not None and expr.matches(doc):
+                return msg
+            self.filter_scan[text] = msg.order
+        return None
+
+    def restore(self, messages: Iterable[Message],
+                offsets: dict[tuple[str, int], array[int]] | None = None) -> None:
+        """Put back every message loaded from the store, in any order (recovery, not a
+        transition). Streams: what dispatch needs next stays in memory, the rest is paged
+        out as it comes, so a deep queue is never all in memory at once."""
+        offsets = offsets if offsets is not None else {}  # of messages counted already
+        best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
+        out: list[Message] = []
+        for msg in messages:
+            if self.priority is None:
+                msg.priority = None  # stored under an earlier config that had a priority
+            bm = msg.bookmark
+            self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
+            offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
+            if msg.state is not MessageState.SENT:
+                self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
+                if self.unfinished is not None:
+                    self.unfinished.add(msg.seq)
+            if msg.is_barrier:
+                self.barriers[msg.seq] = msg
+            if msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager:
+                first, seq = msg.order
+                heapq.heappush(best, (-first, -seq, msg))
+                if len(best) > self.window:
+                    out.append(heapq.heappop(best)[2])
+                    if len(out) >= RESTORE_PAGE_OUT:
+                        self._page_out_all(out)
+                continue
+            self.messages[bm] = msg
+            if msg.state is MessageState.AVAILABLE:
+                self._make_available(msg)
+            elif msg.deadline_ms is not None:
+                heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, bm))
+        self._page_out_all(out)
+        for _, _, msg in sorted(best, reverse=True):  # all before every paged-out one
+            self.messages[msg.bookmark] = msg
+            self._make_available(msg)
+        for tp, values in offsets.items():
+            self.offsets[tp] = Ascending(sorted(values))
+
+    def restore_stored(self, records: Iterable[tuple[str, bytes]],
+                       load: Callable[[str, bytes], Message]) -> None:
+        """`restore` from stored records (bookmark text, packed message): an available
+        message that is paged out goes to the pager as stored, without becoming a Message
+        (`load` builds one when needed), so a restart costs a few microseconds per queued
+        message."""
+        if self.pager is None or self.config.expiration:
+            self.restore(load(text, data) for text, data in records)
+            return
+        best: list[tuple[float, int, str, bytes | Message]] = []  # the window, worst on top
+        out: list[tuple[Any, int, str, bytes]] = []
+        out_loaded: list[Message] = []
+        offsets: dict[str, array[int]] = {}  # "topic/partition" -> offsets
+        others: list[Message] = []  # leased, sent and barriers: `restore` takes them
+        stamps: Counter[int] = Counter()
+        next_seq = self.stats.next_seq
+        for bm_text, data in records:
+            head = message_head(data)
+            if head is None or (head[3] is not None and self.priority is None):
+                msg = load(bm_text, data)  # an older layout, or a priority no longer used
+                if msg.state is not MessageState.AVAILABLE or msg.is_barrier:
+                    others.append(msg)
+                    continue
+                msg.priority = msg.priority if self.priority is not None else None
+                item: bytes | Message = msg
+                seq, ts, first = msg.seq, msg.timestamp_ms, msg.order[0]
+            elif head[2] != AVAILABLE_CODE or head[4]:
+                others.append(load(bm_text, data))
+                continue
+            else:
+                seq, ts, _, priority, _ = head
+                first, item = math.inf if priority is None else -priority, data
+            if seq >= next_seq:
+                next_seq = seq + 1
+            where, _, offset = bm_text.rpartition("/")
+            offsets.setdefault(where, array("q")).append(int(offset))
+            stamps[ts] += 1
+            entry = (-first, -seq, bm_text, item)
+            if len(best) < self.window:
+                heapq.heappush(best, entry)
+                continue
+            if entry[:2] > best[0][:2]:  # better than the worst kept: it takes its place
+                entry = heapq.heapreplace(best, entry)
+            negfirst, negseq, text, popped = entry  # the one paged out
+            if isinstance(popped, Message):
+                out_loaded.append(popped)
+            else:
+                out.append(((-negfirst, -negseq), -negseq, text, popped))
+            if len(out) >= RESTORE_PAGE_OUT:
+                self._page_out_raw(out, load)
+        self._page_out_raw(out, load)
+        self._page_out_all(out_loaded)
+        self.stats.next_seq = next_seq
+        for ts, count in stamps.items():
+            self.timestamps[ts] = self.timestamps.get(ts, 0) + count
+        for _, _, text, kept in sorted(best, reverse=True):  # before every paged-out one
+            msg = kept if isinstance(kept, Message) else load(text, kept)
+            self.messages[msg.bookmark] = msg
+            self._make_available(msg)
+        self.restore(others, offsets={
+            (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
+            for where, values in offsets.items()})
+
+    def _page_out_raw(self, items: list[tuple[Any, int, str, bytes]],
+                      load: Callable[[str, bytes], Message]) -> None:
+        assert self.pager is not None
+        self.pager.put_raw_many(self.name, items, load)
+        for order, _, _, _ in items:
+            self.paged += 1
+            if self._floor is None or order < self._floor:
+                self._floor = order
+        items.clear()
+
+    def _page_out_all(self, msgs: list[Message]) -> None:
+        """Page out restored messages (never in `messages`) in one write."""
+        assert self.pager is not None
+        self.pager.put_many(self.name, msgs)
+        for msg in msgs:
+            expires = self.expires_at(msg)
+            if expires is not None:
+                heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+            self._paged_out(msg)
+        msgs.clear()
