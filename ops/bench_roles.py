@@ -1,0 +1,133 @@
+"""The processes `ops/bench.py` starts: the raw relay and subscribers, kq subscribers, the
+leaser that holds leases across a restart; and the publisher they share.
+
+    python ops/bench_roles.py ROLE ARGS...   (ops/bench.py runs these; not meant by hand)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from broker.kafka import clients  # noqa: E402
+
+
+def _producer(bs: str) -> Producer:
+    return Producer({"bootstrap.servers": bs, "linger.ms": 5})
+
+
+def _consumer(bs: str, topics: list[str]) -> Consumer:
+    c = Consumer({"bootstrap.servers": bs, "group.id": "bench", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 10, "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(t, 0, 0) for t in topics])
+    return c
+
+
+def publish(bs: str, topic: str, n: int, rate: float = 0) -> None:
+    p = _producer(bs)
+    start = time.monotonic()
+    for i in range(n):
+        if rate:
+            wait = start + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        while True:
+            try:
+                p.produce(topic, json.dumps({"i": i, "pad": "x" * 64}).encode(), partition=0)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(60)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def role_relay(bs: str, run: str, n: int, subs: int) -> None:
+    """Raw baseline: topic -> delivery topics round-robin; count acks until n."""
+    c = _consumer(bs, [f"{run}.src"] + [f"{run}.ack{i}" for i in range(subs)])
+    p = _producer(bs)
+    acks, turn = 0, 0
+    while acks < n:
+        for rec in clients.take(c, 1000, 0.05):
+            if rec.error():
+                continue
+            if rec.topic().endswith(".src"):
+                p.produce(f"{run}.d{turn}", rec.value(), timestamp=rec.timestamp()[1],
+                          partition=0)
+                turn = (turn + 1) % subs
+            else:
+                acks += 1
+        p.poll(0)
+    p.flush(10)
+
+
+def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
+    c = _consumer(bs, [f"{run}.d{i}"])
+    p = _producer(bs)
+    lat: list[float] = []
+    idle = time.monotonic()
+    while time.monotonic() - idle < 3:
+        for rec in clients.take(c, 1000, 0.05):
+            if rec.error():
+                continue
+            lat.append(time.time() * 1000 - rec.timestamp()[1])
+            p.produce(f"{run}.ack{i}", rec.value(), partition=0)
+            idle = time.monotonic()
+        p.poll(0)
+    p.flush(10)
+    Path(out).write_text(json.dumps(lat))
+
+
+def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> None:
+    from broker.client import QueueClient
+
+    lat: list[float] = []
+    with QueueClient(bs, topic_prefix=prefix) as c:
+        sub = c.subscribe(queue, max_backlog=backlog)
+        for msg in sub.messages(timeout=3):
+            lat.append(time.time() * 1000 - msg.timestamp * 1000)
+            msg.ack()
+    Path(out).write_text(json.dumps(lat))
+
+
+def role_leaser(bs: str, prefix: str, queue: str, count: int, ready: str) -> None:
+    """Lease `count` messages and hold them (heartbeats keep the leases) until killed."""
+    from broker.client import QueueClient
+
+    c = QueueClient(bs, name="bench-leaser", topic_prefix=prefix)
+    held = 0
+    for _ in c.subscribe(queue, max_backlog=count).messages(timeout=30):
+        held += 1
+        if held == count:
+            break
+    Path(ready).write_text(str(held))
+    while True:
+        time.sleep(1)
+
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "_relay":
+        role_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+    elif role == "_raw_sub":
+        role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    elif role == "_leaser":
+        role_leaser(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+    elif role == "_kq_sub":
+        role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+    else:
+        raise SystemExit(f"unknown role {role!r}")
