@@ -33,8 +33,6 @@ RESTORE_PAGE_OUT = 10_000  # paged out together while a queue is restored
 WINDOW = 10_000
 
 
-
-
 class Window:
     """The paging part of QueueState: the state it shares is declared here."""
 
@@ -71,10 +69,6 @@ class Window:
     def _leave(self, msg: Message) -> None:
         raise NotImplementedError
 
-    # Paged-out messages all come after every available one held in memory, barriers aside
-    # (they never leave memory): dispatch takes the head of `available` after `refill`. Only
-    # a filter's scan (`paged_matches`) reaches past them, and what it finds is leased
-    # straight from the pager, so that order holds.
     def _page_out(self, msg: Message) -> None:
         assert self.pager is not None
         self.messages.pop(msg.bookmark, None)
@@ -106,7 +100,8 @@ class Window:
         msg = self.pager.take(self.name, bm)
         if msg is not None:
             self.paged -= 1
-            self._floor = self.pager.first_order(self.name)
+            if msg.order == self._floor:  # it was the first: the pager knows the next
+                self._floor = self.pager.first_order(self.name)
             self._hold_available(msg)
         return msg
 

@@ -45,11 +45,6 @@ def order_key(order: tuple[float, int]) -> bytes:
     return head + _SEQ.pack(seq)
 
 
-def _record(msg: Message, bm: bytes) -> bytes:
-    packed = encode_message(msg)
-    return _LEN.pack(len(packed)) + packed + bm
-
-
 def _message(data: bytes) -> Message:
     (size,) = _LEN.unpack_from(data)
     start = _LEN.size
@@ -90,17 +85,8 @@ class RocksPager:
         self.put_many(queue, [msg])
 
     def put_many(self, queue: str, msgs: list[Message]) -> None:
-        batch = WriteBatch(raw_mode=True)
-        head = queue.encode() + SEP
-        for msg in msgs:
-            order = order_key(msg.order)
-            bm = str(msg.bookmark).encode()
-            self._lower(queue, b"o" + head + order)
-            batch.put(b"o" + head + order, _record(msg, bm))
-            batch.put(b"b" + head + bm, order)
-            batch.put(b"s" + head + _SEQ.pack(msg.seq), order)
-        self._db.write(batch)
-        self._counts[queue] = self._counts.get(queue, 0) + len(msgs)
+        self.put_raw_many(queue, [(m.order, m.seq, str(m.bookmark), encode_message(m))
+                                  for m in msgs])
 
     def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
                      load: Any = None) -> None:
