@@ -5,15 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.engine.message import Message
 from broker.engine.transitions import Transition
 from broker.values import Bookmark
 
 
 @dataclass(frozen=True, slots=True)
 class Journal:
-    """Record a state change; it must be durable before any delivery that follows it."""
+    """Record a state change; it must be durable before any delivery that follows it.
+
+    `message` is the message the change left behind, as `QueueState.apply` returned it (None
+    for subscription kinds): the state write encodes it without looking the message up again
+    (a paged-out one would cost the pager two reads)."""
 
     transition: Transition
+    message: Message | None = None
 
 
 @dataclass(frozen=True, slots=True)

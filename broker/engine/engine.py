@@ -140,7 +140,7 @@ class Engine(Timers, Dispatcher, Acks):
     # -- internals -------------------------------------------------------------------------
     def _do(self, t: Transition) -> Message | None:
         msg = self.apply(t)
-        self._out.append(Journal(t))
+        self._out.append(Journal(t, msg))
         self._touched.add(t.queue)
         return msg
 

@@ -15,7 +15,7 @@ from typing import Any
 from sortedcontainers import SortedDict, SortedList
 
 from broker.config import QueueConfig
-from broker.engine.message import Ascending, Message, QueueStats, Subscription
+from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
 from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
@@ -88,7 +88,7 @@ class QueueState(Window):
         # have left), and per source partition the offsets of its messages in arrival order,
         # finished ones dropped lazily from the front (arrival order is offset order within
         # a partition, so the front is the lowest unfinished offset).
-        self.timestamps: SortedDict = SortedDict()
+        self.timestamps = Stamps()
         self.offsets: dict[tuple[str, int], Ascending] = {}
 
     @property
@@ -181,7 +181,7 @@ class QueueState(Window):
 
     def oldest_timestamp(self) -> int | None:
         """The record timestamp of the oldest message still in the queue."""
-        return self.timestamps.peekitem(0)[0] if self.timestamps else None
+        return self.timestamps.oldest()
 
     def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Per source partition: the offset below which every message is finished."""
@@ -247,7 +247,7 @@ class QueueState(Window):
         self._leave(msg)
         if msg.state is not MessageState.SENT and (new_state in TERMINAL
                                                    or new_state is MessageState.SENT):
-            self._forget_timestamp(msg.timestamp_ms)
+            self.timestamps.remove(msg.timestamp_ms)
         if self.unfinished is not None and (new_state in TERMINAL
                                             or new_state is MessageState.SENT):
             self.unfinished.discard(msg.seq)
@@ -301,7 +301,9 @@ class QueueState(Window):
         """Enter a new or restored message in the indexes queries read."""
         bm = msg.bookmark
         tp = (bm.topic, bm.partition)
-        offsets = self.offsets.setdefault(tp, Ascending())
+        offsets = self.offsets.get(tp)
+        if offsets is None:  # (not setdefault: that builds an array per arrival)
+            offsets = self.offsets[tp] = Ascending()
         # Rebuilt when read again from an earlier offset (a reset), and when finished ones
         # pile up behind an old unfinished one at the front (amortised O(1)).
         last = offsets.last()
@@ -313,14 +315,7 @@ class QueueState(Window):
         else:
             offsets.append(bm.offset)
         if msg.state is not MessageState.SENT:
-            self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
-
-    def _forget_timestamp(self, timestamp_ms: int) -> None:
-        left = self.timestamps[timestamp_ms] - 1
-        if left:
-            self.timestamps[timestamp_ms] = left
-        else:
-            del self.timestamps[timestamp_ms]
+            self.timestamps.add(msg.timestamp_ms)
 
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None

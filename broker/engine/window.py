@@ -19,7 +19,7 @@ from typing import Any
 from sortedcontainers import SortedDict, SortedList
 
 from broker.config import QueueConfig
-from broker.engine.message import Ascending, Message, QueueStats
+from broker.engine.message import Ascending, Message, QueueStats, Stamps
 from broker.engine.paging import Pager
 from broker.engine.states import MessageState
 from broker.expr import Expression
@@ -47,7 +47,7 @@ class Window:
     barriers: SortedDict
     unfinished: SortedList | None
     stats: QueueStats
-    timestamps: SortedDict
+    timestamps: Stamps
     offsets: dict[tuple[str, int], Ascending]
     lease_timers: list[tuple[int, int, Bookmark]]
     expiry_timers: list[tuple[int, int, Bookmark]]
@@ -148,7 +148,7 @@ class Window:
             self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
             offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
             if msg.state is not MessageState.SENT:
-                self.timestamps[msg.timestamp_ms] = self.timestamps.get(msg.timestamp_ms, 0) + 1
+                self.timestamps.add(msg.timestamp_ms)
                 if self.unfinished is not None:
                     self.unfinished.add(msg.seq)
             if msg.is_barrier:
@@ -227,7 +227,7 @@ class Window:
         self._page_out_all(out_loaded)
         self.stats.next_seq = next_seq
         for ts, count in stamps.items():
-            self.timestamps[ts] = self.timestamps.get(ts, 0) + count
+            self.timestamps.add(ts, count)
         for _, _, text, kept in sorted(best, reverse=True):  # before every paged-out one
             msg = kept if isinstance(kept, Message) else load(text, kept)
             self.messages[msg.bookmark] = msg

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from broker.engine.transitions import Kind, Transition
 from broker.packed import pack_array, unpack_array
+from broker.values import Bookmark
 
 Part = dict[str, Any]
 
@@ -105,3 +107,51 @@ def transitions_of(part: Part) -> list[dict[str, Any]]:
     """A part's transitions as dicts, whichever version wrote it."""
     cols = part.get("columns")
     return decode_columns(cols) if cols else part["transitions"]
+
+
+def transition_from(r: dict[str, Any]) -> Transition:
+    """One transition as `transitions_of` lists it."""
+    return Transition(
+        kind=Kind(r["kind"]), queue=r["queue"], at_ms=r["at_ms"],
+        bookmark=Bookmark.parse(r["bookmark"]) if r["bookmark"] else None,
+        sub_id=r["sub_id"], client=r["client"], delivery_count=r["delivery_count"],
+        cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
+        seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
+        filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
+        principal=r["principal"],
+    )
+
+
+def transitions_in(part: Part) -> list[Transition]:
+    """A part's transitions, built straight from its columns (recovery replays millions):
+    each distinct string of the part is turned into a kind or a bookmark once."""
+    cols = part.get("columns")
+    if not cols:
+        return [transition_from(r) for r in part["transitions"]]
+    strings = cols["strings"]
+    kinds = [Kind(strings[i]) for i in unpack_array("i", cols["kind"])]
+    text = [None if i < 0 else strings[i] for i in range(-1, len(strings))]
+    marks: dict[int, Bookmark | None] = {-1: None}
+
+    def bookmark(i: int) -> Bookmark | None:
+        bm = marks.get(i)
+        if bm is None and i >= 0:
+            bm = marks[i] = Bookmark.parse(strings[i])
+        return bm
+
+    def strs(name: str) -> list[str | None]:
+        return [text[i + 1] for i in unpack_array("i", cols[name])]
+
+    def nullable(name: str, code: str) -> list[Any]:
+        return [v if s else None for v, s in zip(unpack_array(code, cols[name]),
+                                                 cols[f"{name}_set"], strict=True)]
+
+    rows = zip(kinds, strs("queue"), unpack_array("q", cols["at_ms"]),
+               [bookmark(i) for i in unpack_array("i", cols["bookmark"])], strs("sub_id"),
+               strs("client"), unpack_array("i", cols["delivery_count"]),
+               unpack_array("i", cols["cancel_count"]), nullable("deadline_ms", "q"),
+               strs("reason"), unpack_array("q", cols["seq"]),
+               unpack_array("q", cols["timestamp_ms"]), unpack_array("i", cols["max_backlog"]),
+               strs("filter"), nullable("priority", "d"), [b == 1 for b in cols["barrier"]],
+               [b == 1 for b in cols["browse"]], strs("principal"), strict=True)
+    return [Transition(*row) for row in rows]  # type: ignore[arg-type]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 import uuid
 from collections import deque
@@ -16,7 +18,7 @@ from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
-from broker.service.journal import BatchAssembler, Part, transitions_of
+from broker.service.journal import BatchAssembler, Part, transitions_in
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -27,12 +29,13 @@ from broker.state.layout import (
     load_positions,
 )
 from broker.state.store import Store
-from broker.values import Bookmark
 
 log = logging.getLogger("kq.recovery")
 
 UNSENT_BATCHES = 2  # the journal batches whose deliveries a crash may have cut
 JOURNAL_STALL_TIMEOUT_S = 30.0  # give up when the journal yields nothing for this long
+# transitions replayed between two writes of the state they changed (tests make it small)
+REPLAY_CHUNK = int(os.environ.get("KQ_TEST_REPLAY_CHUNK") or 50_000)
 
 
 @dataclass
@@ -46,21 +49,13 @@ class Recovered:
     unsent: list[Transition] = field(default_factory=list)
 
 
-def transition_from(r: dict) -> Transition:  # type: ignore[type-arg]
-    return Transition(
-        kind=Kind(r["kind"]), queue=r["queue"], at_ms=r["at_ms"],
-        bookmark=Bookmark.parse(r["bookmark"]) if r["bookmark"] else None,
-        sub_id=r["sub_id"], client=r["client"], delivery_count=r["delivery_count"],
-        cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
-        seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
-        filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
-        principal=r["principal"],
-    )
-
-
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
-            write_marker, now: int) -> Recovered:  # noqa: ANN001
-    """Bring `engine` and `store` to the last committed batch of the journal."""
+            write_marker, now: int, fetcher: Consumer) -> Recovered:  # noqa: ANN001
+    """Bring `engine` and `store` to the last committed batch of the journal.
+
+    `consumer` reads the journal; `fetcher`, another consumer, reads back the records of
+    messages the store has no payload for (while the journal is still being read).
+    """
     started = time.monotonic()
     load_engine(store, engine, now)
     positions = load_positions(store)
@@ -72,9 +67,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             f"state has seen offset {meta['offset']}: Kafka lost data (was the embedded broker "
             "restarted?). Delete the service's data_dir to start afresh from Kafka."
         )
-    # the batch after the last one the state holds (meta["batch"] is that one)
-    cp = Checkpoint(positions={}, batch=meta["batch"] + 1 if meta["offset"] >= 0 else 0)
-    replayed = 0
+    replay = _Replay(store, engine, fetcher, empty=meta["offset"] < 0)
     batches = BatchAssembler()
     consumer.assign([TopicPartition(journal_topic, 0, meta["offset"] + 1)])
     if meta["offset"] < 0 and marker_offset > 0:
@@ -84,7 +77,8 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     done = meta["offset"] + 1 >= marker_offset
     # the latest whole batches, each replayed once two more are in: their deliveries may not
     # have been sent (broker.service.commit)
-    last: deque[list[Part]] = deque()
+    last: deque[tuple[list[Part], int]] = deque()
+    next_batch = meta["batch"] + 1 if meta["offset"] >= 0 else 0
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
@@ -102,55 +96,80 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             whole = batches.add(part)
             if whole is not None:
                 if len(last) == UNSENT_BATCHES:
-                    _replay(engine, cp, last.popleft())
-                last.append(whole)
-                cp.batch, cp.journal_offset = part["batch"] + 1, off
-                replayed += 1
+                    replay.batch(*last.popleft())
+                    if len(replay.cp.transitions) >= REPLAY_CHUNK:
+                        replay.write()
+                last.append((whole, off))
+                next_batch = part["batch"] + 1
     unsent: list[Transition] = []
-    for batch in last:
+    for whole, off in last:
         # The crash may have come before these batches' deliveries were sent: browsers are
         # shown their messages again, and their leases are delivered again (a duplicate copy
         # rather than a lost one, or a lease nobody knows of until it lapses).
-        _replay(engine, cp, batch, skip=Kind.BROWSED)
-        unsent += [transition_from(row) for p in batch for row in transitions_of(p)
-                   if row["kind"] == Kind.LEASED.value]
+        replay.batch(whole, off, skip=Kind.BROWSED)
+        unsent += [t for p in whole for t in transitions_in(p) if t.kind is Kind.LEASED]
     consumer.unassign()
-    if replayed:
-        _refetch_payloads(store, engine, consumer, cp)
-        cp.write(store, engine)
-        positions.update(cp.positions)
+    if replay.batches:
+        replay.write()
+        positions.update(replay.positions)
         took = time.monotonic() - started
         log.info("replayed %d journal batches (%d transitions) into the local state in "
-                 "%.1f s: %.0f transitions/s", replayed, len(cp.transitions), took,
-                 len(cp.transitions) / max(took, 1e-9))
-    return Recovered(positions, cp.batch, replayed, unsent)
+                 "%.1f s: %.0f transitions/s", replay.batches, replay.transitions, took,
+                 replay.transitions / max(took, 1e-9))
+    return Recovered(positions, next_batch, replay.batches, unsent)
 
 
-def _replay(engine: Engine, cp: Checkpoint, batch: list[Part], skip: Kind | None = None) -> None:
-    for part in batch:
-        for row in transitions_of(part):
-            t = transition_from(row)
-            if t.kind is not skip:
-                engine.apply(t)
-                cp.transitions.append(t)
-    for pos in batch[-1]["inputs"]:
-        cp.positions[(pos["reader"], pos["topic"], pos["partition"])] = pos["offset"]
+class _Replay:
+    """Journal batches applied to the engine, their state written every REPLAY_CHUNK
+    transitions (with the payloads of the messages they queued) so that a long replay
+    holds a bounded part of it in memory, and a crash during it resumes where it was."""
 
+    def __init__(self, store: Store, engine: Engine, fetcher: Consumer, empty: bool) -> None:
+        self.store, self.engine, self.fetcher = store, engine, fetcher
+        self.empty = empty  # the store held nothing: it has no payload to look up
+        self.cp = Checkpoint()
+        self.positions: dict[ReaderKey, int] = {}
+        self.batches = self.transitions = 0
 
-def _refetch_payloads(store: Store, engine: Engine, consumer: Consumer, cp: Checkpoint) -> None:
-    """Messages enqueued in the replayed tail have no stored payload yet: read them again."""
-    missing = {
-        t.bookmark for t in cp.transitions
-        if t.kind is Kind.ENQUEUED and t.bookmark is not None
-        and engine.queues[t.queue].find(t.bookmark) is not None
-        and load_payload(store, t.bookmark) is None
-    }
-    if not missing:
-        return
-    found = fetch_records(consumer, missing)
-    for bm, rec in found.items():
-        cp.payloads[bm] = Payload(rec.key(), rec.value(), headers_of(rec),
-                                  rec.timestamp()[1])
-    if len(found) < len(missing):
-        raise StateError(f"{len(missing) - len(found)} journaled messages could not be read "
-                         "back from their topics")
+    def batch(self, parts: list[Part], offset: int, skip: Kind | None = None) -> None:
+        cp, apply = self.cp, self.engine.apply
+        for part in parts:
+            for t in transitions_in(part):
+                if t.kind is not skip:
+                    cp.add(t, apply(t))
+        for pos in parts[-1]["inputs"]:
+            cp.positions[(pos["reader"], pos["topic"], pos["partition"])] = pos["offset"]
+        cp.batch, cp.journal_offset = parts[-1]["batch"], offset
+        self.batches += 1
+
+    def write(self) -> None:
+        """Write what the batches replayed since the last write changed."""
+        cp = self.cp
+        self._refetch_payloads()
+        cp.write(self.store, self.engine)
+        self.positions.update(cp.positions)
+        self.transitions += len(cp.transitions)
+        self.cp = Checkpoint()
+        if os.environ.get("KQ_CRASH_IN_REPLAY"):  # crash tests: the replay stops half way
+            log.warning("KQ_CRASH_IN_REPLAY: killing myself after a replay write")
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _refetch_payloads(self) -> None:
+        """Messages queued by the replayed batches have no stored payload yet: read them
+        again from their topics."""
+        queued = {t.bookmark for t in self.cp.transitions
+                  if t.kind is Kind.ENQUEUED and t.bookmark is not None}
+        missing = {bm for (_, bm), msg in self.cp.messages.items() if msg is not None
+                   and not (self.empty and bm in queued) and load_payload(self.store, bm) is None}
+        if self.empty:
+            missing |= {bm for (_, bm), msg in self.cp.messages.items()
+                        if msg is not None and bm in queued}
+        if not missing:
+            return
+        found = fetch_records(self.fetcher, missing)
+        for bm, rec in found.items():
+            self.cp.payloads[bm] = Payload(rec.key(), rec.value(), headers_of(rec),
+                                           rec.timestamp()[1])
+        if len(found) < len(missing):
+            raise StateError(f"{len(missing) - len(found)} journaled messages could not be "
+                             "read back from their topics")

@@ -152,7 +152,7 @@ class Service:
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms())
+                          self._committer.write_marker, now_ms(), fetcher=self._commands)
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
@@ -332,8 +332,8 @@ class Service:
     def _run(self, event: ev.Event, now: int, batch: _Batch) -> None:
         for effect in self.engine.handle(event, now):
             match effect:
-                case Journal(transition=t):
-                    batch.cp.transitions.append(t)
+                case Journal(transition=t, message=msg):
+                    batch.cp.add(t, msg)
                 case Deliver():
                     self._deliver(effect, batch)
                 case DeadLetter():

@@ -40,6 +40,7 @@ from broker.values import Bookmark
 SEP = b"\x00"
 FINISHING = frozenset({Kind.ACKED, Kind.REMOVED, Kind.RELEASED})
 META_JOURNAL = b"meta" + SEP + b"journal"
+_UNKNOWN: Any = object()  # a transition added without its message: look it up
 
 
 def message_key(queue: str, bm: Bookmark) -> bytes:
@@ -167,10 +168,19 @@ class Checkpoint:
     """Everything one batch changed, gathered so it can be written in one atomic batch."""
 
     transitions: list[Transition] = field(default_factory=list)
+    # (queue, bookmark) -> the message as the batch's last transition of it left it (None:
+    # finished): what the state write encodes
+    messages: dict[tuple[str, Bookmark], Message | None] = field(default_factory=dict)
     payloads: dict[Bookmark, Payload] = field(default_factory=dict)
     positions: dict[ReaderKey, int] = field(default_factory=dict)
     journal_offset: int | None = None
     batch: int = 0
+
+    def add(self, t: Transition, msg: Message | None) -> None:
+        """A transition applied, with the message `apply` returned."""
+        self.transitions.append(t)
+        if t.bookmark is not None and (msg is not None or t.kind in FINISHING):
+            self.messages[(t.queue, t.bookmark)] = None if t.kind in FINISHING else msg
 
     def write(self, store: Store, engine: Engine, skip: frozenset[bytes] = frozenset()) -> None:
         """Write the engine's current state of every key the transitions touched (but the
@@ -193,7 +203,9 @@ class Checkpoint:
             if t.bookmark is not None:
                 # a message finished by this transition is gone (a later transition of
                 # the batch that queues it again puts it back: puts win over deletes)
-                msg = None if t.kind in FINISHING else q.find(t.bookmark)
+                msg = self.messages.get((t.queue, t.bookmark), _UNKNOWN)
+                if msg is _UNKNOWN:
+                    msg = None if t.kind in FINISHING else q.find(t.bookmark)
                 key = message_key(t.queue, t.bookmark)
                 if msg is None:
                     deletes.append(key)

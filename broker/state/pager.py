@@ -28,6 +28,7 @@ from broker.values import Bookmark
 SEP = b"\x00"
 _SEQ = struct.Struct(">q")
 _LEN = struct.Struct("<H")
+PENDING_LIMIT = 4096  # puts held back before they are written
 
 
 def order_key(order: tuple[float, int]) -> bytes:
@@ -65,6 +66,17 @@ class RocksPager:
         # prefix, so they do not wade through the deleted entries before it (a queue takes
         # from the front: RocksDB keeps tombstones until compaction).
         self._low: dict[str, bytes] = {}
+        # Puts wait in one write batch until a read needs them (or it holds PENDING_LIMIT):
+        # a queue fed faster than it drains pages out one message per arrival, and RocksDB
+        # writes them together several times faster than one by one.
+        self._pending = WriteBatch(raw_mode=True)
+        self._pending_items = 0
+
+    def _flush(self) -> None:
+        if self._pending_items:
+            self._db.write(self._pending)
+            self._pending = WriteBatch(raw_mode=True)
+            self._pending_items = 0
 
     def _lower(self, queue: str, key: bytes) -> None:
         low = self._low.get(queue)
@@ -75,6 +87,7 @@ class RocksPager:
         return self._low.get(queue) or self._key(b"o", queue, b"")
 
     def close(self) -> None:
+        self._flush()
         self._db.close()
 
     @staticmethod
@@ -82,7 +95,7 @@ class RocksPager:
         return kind + queue.encode() + SEP + rest
 
     def put(self, queue: str, msg: Message) -> None:
-        self.put_many(queue, [msg])
+        self.put_raw_many(queue, [(msg.order, msg.seq, str(msg.bookmark), encode_message(msg))])
 
     def put_many(self, queue: str, msgs: list[Message]) -> None:
         self.put_raw_many(queue, [(m.order, m.seq, str(m.bookmark), encode_message(m))
@@ -91,7 +104,7 @@ class RocksPager:
     def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
                      load: Any = None) -> None:
         """Records as the store holds them (packed): copied, not decoded."""
-        batch = WriteBatch(raw_mode=True)
+        batch = self._pending
         head = queue.encode() + SEP
         for order, seq, text, packed in items:
             key = order_key(order)
@@ -100,7 +113,9 @@ class RocksPager:
             batch.put(b"o" + head + key, _LEN.pack(len(packed)) + packed + bm)
             batch.put(b"b" + head + bm, key)
             batch.put(b"s" + head + _SEQ.pack(seq), key)
-        self._db.write(batch)
+        self._pending_items += len(items)
+        if self._pending_items >= PENDING_LIMIT:
+            self._flush()
         self._counts[queue] = self._counts.get(queue, 0) + len(items)
 
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
@@ -110,6 +125,7 @@ class RocksPager:
         self._counts[queue] -= 1
 
     def get(self, queue: str, bm: Bookmark) -> Message | None:
+        self._flush()
         order = self._db.get(self._key(b"b", queue, str(bm).encode()))
         if order is None:
             return None
@@ -125,6 +141,7 @@ class RocksPager:
         return msg
 
     def _scan(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._flush()
         for key, value in self._db.items(from_key=start):
             assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode
             if not key.startswith(prefix):

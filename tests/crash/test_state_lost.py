@@ -68,7 +68,18 @@ def test_deleting_data_dir_rebuilds_identical_state(bootstrap, tmp_path):
             shutil.rmtree(tmp_path / "state")
             serve.start()
             after = state_of(cfg, [alo, amo])
-        assert after == before
-        assert "rebuilding every queue from the journal" in serve.log_path.read_text()
+            assert after == before
+            assert "rebuilding every queue from the journal" in serve.log_path.read_text()
+            # Again, killed after the first of its writes (of 5 transitions each) and started
+            # again: it carries on from that write, and ends in the same state.
+            serve.stop()
+            shutil.rmtree(tmp_path / "state")
+            serve.start(wait_ready=False, KQ_TEST_REPLAY_CHUNK="5", KQ_CRASH_IN_REPLAY="1")
+            assert serve.wait_exit() == -9
+            serve.start()
+            assert state_of(cfg, [alo, amo]) == before
+        log = serve.log_path.read_text()
+        assert log.count("rebuilding every queue from the journal") == 2  # not a third time
+        assert "KQ_CRASH_IN_REPLAY: killing myself" in log
     finally:
         serve.stop()

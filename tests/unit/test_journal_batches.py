@@ -63,3 +63,14 @@ def test_packed_columns_give_back_every_field_of_every_transition():
             expected = str(expected) if name in ("kind", "bookmark") and expected else expected
             assert value == expected, (name, value, expected)
     assert part["columns"]["strings"].count("ORDERS") == 1  # one table of distinct strings
+
+
+def test_recovery_builds_the_same_transitions_straight_from_the_columns():
+    from broker import wire
+    from broker.service.journal import encode_columns, transitions_in
+
+    ts = sample_transitions()
+    part = wire.decode("journal", wire.encode("journal", {
+        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": encode_columns(ts)}))
+    assert transitions_in(part) == ts

@@ -4,6 +4,9 @@ poll must not stall a service that holds a million messages (it has one thread).
 import random
 import time
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from broker.engine import events as ev
 from broker.engine.queue import Message
 from broker.expr import Doc
@@ -81,3 +84,23 @@ def test_an_inspect_filter_looks_at_a_bounded_number_of_messages_and_says_so():
     assert near["truncated"] is True and near["scanned"] == FILTER_SCAN_LIMIT
     limited = ask(h, what="inspect", queue="Q", filter="/n < 3", limit=3)
     assert limited["truncated"] is True and limited["scanned"] == 3  # stopped at the limit
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=300),
+       st.sampled_from([0, 1024]))
+def test_the_oldest_timestamp_index_agrees_with_a_plain_count(ops, slack):
+    from collections import Counter
+
+    from broker.engine.message import Stamps
+
+    stamps, model = Stamps(slack), Counter()
+    for add, ts in ops:
+        if add or not model[ts]:
+            stamps.add(ts)
+            model[ts] += 1
+        else:
+            stamps.remove(ts)
+            model[ts] -= 1
+        live = [t for t, n in model.items() if n]
+        assert stamps.oldest() == (min(live) if live else None)
+        assert len(stamps) == len(live)
