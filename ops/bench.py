@@ -55,10 +55,12 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
                                                                for k in ("d", "ack")])
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
+    machine_before = machine_cpu_seconds()
     start = time.monotonic()
     workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i])) for i in range(subs)]
     spawn("_relay", bs, run, str(n), str(subs)).wait()
     drain_s = time.monotonic() - start
+    machine_s = machine_cpu_seconds() - machine_before
     for w in workers:
         w.wait()
     # paced phase for latency
@@ -75,7 +77,8 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
         w.wait()
     lat = collect(outs2)
     return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
-            "p99_ms": percentile(lat, 0.99)}
+            "p99_ms": percentile(lat, 0.99), "machine_cpu_us_per_msg": machine_s / n * 1e6,
+            "machine_busy_cores": machine_s / drain_s}
 
 
 def write_config(tmp: Path, bs: str, prefix: str, queue: str, backlog: int = 100) -> Path:
@@ -150,13 +153,14 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         wait_stat(bs, prefix, queue, "enqueued", n)
         outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
         spy = profiler(proc.pid, profile)
-        cpu_before = cpu_seconds(proc.pid)
+        cpu_before, machine_before = cpu_seconds(proc.pid), machine_cpu_seconds()
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog))
                    for i in range(subs)]
         wait_stat(bs, prefix, queue, "acked", n)
         drain_s = time.monotonic() - start
         cpu_s = cpu_seconds(proc.pid) - cpu_before
+        machine_s = machine_cpu_seconds() - machine_before
         stop_profiler(spy)
         for w in workers:
             w.wait()
@@ -173,7 +177,17 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         proc.wait()
     return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
             "p99_ms": percentile(lat, 0.99), "service_cpu_us_per_msg": cpu_s / n * 1e6,
-            "service_busy": cpu_s / drain_s}
+            "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
+            "machine_busy_cores": machine_s / drain_s}
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process on the machine has used (all cores, idle and I/O wait
+    excluded): with the broker, the relay or service, and the subscribers all here, what a
+    message costs the whole machine."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -290,6 +304,10 @@ def main() -> None:
     print(f"kq at-least-once : {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
           f"   p99 {kq['p99_ms']:7.1f} ms")
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
+    print(f"CPU per message, whole machine (broker included): raw "
+          f"{raw.get('machine_cpu_us_per_msg', float('nan')):.0f} us, kq "
+          f"{kq.get('machine_cpu_us_per_msg', float('nan')):.0f} us (kq serve alone "
+          f"{kq.get('service_cpu_us_per_msg', float('nan')):.0f} us)")
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued ({rss['leased']} leased): "
           f"{rss['restart_s']:.1f} s")
