@@ -12,9 +12,10 @@ import heapq
 from collections.abc import Iterator
 from typing import Any
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
+from broker.engine.barriers import BarrierWaits
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
 from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
@@ -64,10 +65,8 @@ class QueueState(Window):
         self.ahead: SortedDict | None = (SortedDict() if config.priority
                                          and config.barrier_expression else None)
         self.behind: dict[int, dict[Bookmark, Message]] = {}
-        # Barrier queues: seqs of messages not finished (acked, removed or sent), so "is
-        # everything before this barrier finished" is a look at the first one
-        self.unfinished: SortedList | None = (SortedList() if config.barrier_expression
-                                              else None)
+        # Barrier queues: how many unfinished messages each barrier waits for
+        self.waits: BarrierWaits | None = BarrierWaits() if config.barrier_expression else None
         # Per subscription filter (by text): the available messages it matches, in delivery
         # order, so a filtered subscription finds its next message without walking the
         # queue. Kept by the dispatcher: messages made available since it last looked wait
@@ -174,10 +173,10 @@ class QueueState(Window):
 
     def clear_before(self, barrier: Message) -> bool:
         """Whether every message before the barrier is acknowledged or removed."""
-        if self.unfinished is None:  # not a barrier queue: only tests ask
+        if self.waits is None:  # not a barrier queue: only tests ask
             return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
                            for m in self.by_seq())
-        return not self.unfinished or self.unfinished[0] >= barrier.seq
+        return self.waits.clear(barrier.seq)
 
     def oldest_timestamp(self) -> int | None:
         """The record timestamp of the oldest message still in the queue."""
@@ -233,8 +232,10 @@ class QueueState(Window):
             self.read_upto[tp] = max(self.read_upto.get(tp, 0), t.bookmark.offset + 1)
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
-            if self.unfinished is not None:
-                self.unfinished.add(msg.seq)
+                if self.waits is not None:
+                    self.waits.barrier_added(msg.seq)
+            elif self.waits is not None:
+                self.waits.count(msg.seq, 1)
             self._make_available(msg)
             self.stats.next_seq = max(self.stats.next_seq, t.seq + 1)
             self.stats.enqueued += 1
@@ -247,10 +248,9 @@ class QueueState(Window):
         self._leave(msg)
         if msg.state is not MessageState.SENT and (new_state in TERMINAL
                                                    or new_state is MessageState.SENT):
-            self.timestamps.remove(msg.timestamp_ms)
-        if self.unfinished is not None and (new_state in TERMINAL
-                                            or new_state is MessageState.SENT):
-            self.unfinished.discard(msg.seq)
+            self.timestamps.remove(msg.timestamp_ms)  # it has finished
+            if self.waits is not None and not msg.is_barrier:
+                self.waits.count(msg.seq, -1)
         msg.state = new_state
         msg.delivery_count = max(msg.delivery_count, t.delivery_count)
         msg.cancel_count = max(msg.cancel_count, t.cancel_count)
@@ -268,6 +268,8 @@ class QueueState(Window):
             del self.messages[msg.bookmark]  # its entry in offsets goes when it reaches the front
             if msg.is_barrier:
                 self.barriers.pop(msg.seq, None)
+                if self.waits is not None:
+                    self.waits.barrier_left(msg.seq)
                 self._release_group(msg.seq)
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1

@@ -16,9 +16,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
+from broker.engine.barriers import BarrierWaits
 from broker.engine.message import Ascending, Message, QueueStats, Stamps
 from broker.engine.paging import Pager
 from broker.engine.states import MessageState
@@ -45,7 +46,7 @@ class Window:
     messages: dict[Bookmark, Message]
     available: SortedDict
     barriers: SortedDict
-    unfinished: SortedList | None
+    waits: BarrierWaits | None
     stats: QueueStats
     timestamps: Stamps
     offsets: dict[tuple[str, int], Ascending]
@@ -134,11 +135,14 @@ class Window:
         return None
 
     def restore(self, messages: Iterable[Message],
-                offsets: dict[tuple[str, int], array[int]] | None = None) -> None:
+                offsets: dict[tuple[str, int], array[int]] | None = None,
+                unfinished: array[int] | None = None) -> None:
         """Put back every message loaded from the store, in any order (recovery, not a
         transition). Streams: what dispatch needs next stays in memory, the rest is paged
-        out as it comes, so a deep queue is never all in memory at once."""
-        offsets = offsets if offsets is not None else {}  # of messages counted already
+        out as it comes, so a deep queue is never all in memory at once. `offsets` and
+        `unfinished` (seqs) hold what `restore_stored` counted of the messages it took."""
+        offsets = offsets if offsets is not None else {}
+        unfinished = unfinished if unfinished is not None else array("q")
         best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
         out: list[Message] = []
         for msg in messages:
@@ -149,8 +153,8 @@ class Window:
             offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
             if msg.state is not MessageState.SENT:
                 self.timestamps.add(msg.timestamp_ms)
-                if self.unfinished is not None:
-                    self.unfinished.add(msg.seq)
+                if not msg.is_barrier:
+                    unfinished.append(msg.seq)
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
             if msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager:
@@ -172,6 +176,8 @@ class Window:
             self._make_available(msg)
         for tp, values in offsets.items():
             self.offsets[tp] = Ascending(sorted(values))
+        if self.waits is not None:  # the barriers are all known now
+            self.waits.rebuild(self.barriers.keys(), unfinished)
 
     def restore_stored(self, records: Iterable[tuple[str, bytes]],
                        load: Callable[[str, bytes], Message]) -> None:
@@ -188,6 +194,7 @@ class Window:
         offsets: dict[str, array[int]] = {}  # "topic/partition" -> offsets
         others: list[Message] = []  # leased, sent and barriers: `restore` takes them
         stamps: Counter[int] = Counter()
+        seqs = array("q")  # of the available messages taken here (barrier queues)
         next_seq = self.stats.next_seq
         for bm_text, data in records:
             head = message_head(data)
@@ -210,6 +217,8 @@ class Window:
             where, _, offset = bm_text.rpartition("/")
             offsets.setdefault(where, array("q")).append(int(offset))
             stamps[ts] += 1
+            if self.waits is not None:
+                seqs.append(seq)
             entry = (-first, -seq, bm_text, item)
             if len(best) < self.window:
                 heapq.heappush(best, entry)
@@ -234,7 +243,7 @@ class Window:
             self._make_available(msg)
         self.restore(others, offsets={
             (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
-            for where, values in offsets.items()})
+            for where, values in offsets.items()}, unfinished=seqs)
 
     def _page_out_raw(self, items: list[tuple[Any, int, str, bytes]],
                       load: Callable[[str, bytes], Message]) -> None:
@@ -248,6 +257,8 @@ class Window:
 
     def _page_out_all(self, msgs: list[Message]) -> None:
         """Page out restored messages (never in `messages`) in one write."""
+        if not msgs:
+            return  # (a queue that is not paged restores with nothing to page out)
         assert self.pager is not None
         self.pager.put_many(self.name, msgs)
         for msg in msgs:

@@ -66,14 +66,18 @@ class Inputs:
                                for t in self.command_topics])
         self.refresh(force=True)
 
+    @property
+    def idle(self) -> bool:
+        """No input for IDLE_AFTER_S."""
+        return time.monotonic() - self._last_input > IDLE_AFTER_S
+
     def poll(self, max_records: int, wait: bool = True) -> list[Message]:
         """The next records: commands first, then source records; with `wait`, wait a little
         for some when none are there."""
         commands = clients.take(self._commands, max_records, 0)
         sources = clients.take(self._consumer, max_records, 0)
         if wait and not commands and not sources:
-            idle = time.monotonic() - self._last_input > IDLE_AFTER_S
-            pause = IDLE_WAIT_S if idle else BUSY_WAIT_S
+            pause = IDLE_WAIT_S if self.idle else BUSY_WAIT_S
             commands = clients.take(self._commands, max_records, pause)
             if not commands:
                 sources = clients.take(self._consumer, max_records, pause)

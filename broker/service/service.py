@@ -40,6 +40,7 @@ from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.envelopes import Envelopes
 from broker.service.inputs import SERVICE, Inputs
+from broker.service.memory import release_free_memory
 from broker.service.metrics import Metrics
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
@@ -122,6 +123,7 @@ class Service:
         # Crash tests only: never send a held batch on its own, so its deliveries always ride
         # with the next batch's journal (the path a busy service takes).
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
+        self._trimmed = False  # freed memory handed back since the last input
         self.ready = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -248,6 +250,11 @@ class Service:
         self._commit(batch, records_in=len(records))
         if not records and self._idle_flush:
             self._committer.flush_held()
+        if records:
+            self._trimmed = False
+        elif not self._trimmed and self.inputs.idle:
+            release_free_memory()
+            self._trimmed = True
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)
         took = time.monotonic() - started

@@ -9,12 +9,24 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from broker.engine import events as ev
 from broker.engine.effects import Deliver, Journal
 from broker.engine.engine import Engine
+from broker.engine.paging import MemoryPager
 from broker.engine.transitions import Kind
 from broker.expr import Doc
+from broker.state.layout import Checkpoint, load_engine
+from broker.state.store import MemoryStore
 from broker.values import Bookmark, Duration
 from tests.unit.harness import queue
 
 CLIENTS = ["a", "b", "c"]
+
+
+# What expressions see of each message, by bookmark: the engine reads them through its doc
+# loader (as the service reads payloads from its store), so they outlive a restart.
+DOCS: dict[Bookmark, Doc] = {}
+
+
+def doc(m) -> Doc | None:
+    return m.doc if m.doc is not None else DOCS.get(m.bookmark)
 
 
 def rank(queue: str, m) -> tuple:
@@ -23,7 +35,7 @@ def rank(queue: str, m) -> tuple:
     last."""
     if not queue.startswith("PRIO"):
         return (0, 0, m.seq)
-    p = m.doc.data.get("p") if m.doc is not None else None
+    p = doc(m).data.get("p") if doc(m) is not None else None
     if not isinstance(p, int) or isinstance(p, bool):
         return (1, 0, m.seq)
     return (0, -p, m.seq)
@@ -47,7 +59,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine = Engine(QUEUES.values(), heartbeat_timeout_ms=8000, window=self.window)
+        DOCS.clear()
+        self.engine = self._engine()
+        self.store = MemoryStore()  # what the service would have written after each batch
         self.now = 10_000
         self.offset = 0
         self.holder: dict[tuple[str, Bookmark], str] = {}  # from the journal
@@ -57,8 +71,19 @@ class QueueMachine(RuleBasedStateMachine):
         self.delivered: list[tuple[str, str, Bookmark]] = []
         self.browsed: set[tuple[str, Bookmark]] = set()
 
+    def _engine(self) -> Engine:
+        engine = Engine(QUEUES.values(), heartbeat_timeout_ms=8000, window=self.window,
+                        pager=MemoryPager())
+        engine.doc_loader = lambda queue, bm: DOCS.get(bm)
+        return engine
+
     def _run(self, event: ev.Event) -> None:
         effects = self.engine.handle(event, self.now)
+        cp = Checkpoint()
+        for e in effects:
+            if isinstance(e, Journal):
+                cp.add(e.transition, e.message)
+        cp.write(self.store, self.engine)
         self._check_order(effects)
         for e in effects:
             if isinstance(e, Deliver) and e.sub_id.endswith("-browse"):
@@ -119,9 +144,9 @@ class QueueMachine(RuleBasedStateMachine):
                 if other.is_barrier or (first is not None and other.seq > first.seq):
                     continue  # a barrier, or held behind one
                 if rank(e.queue, other) < rank(e.queue, msg):
-                    assert not sub.wants(other.doc), f"{other} should have gone before {msg}"
+                    assert not sub.wants(doc(other)), f"{other} should have gone before {msg}"
             if sub.filter is not None:
-                assert sub.wants(msg.doc), "delivered against the subscription's filter"
+                assert sub.wants(doc(msg)), "delivered against the subscription's filter"
 
     @rule(q=st.sampled_from(sorted(QUEUES)),
           ps=st.lists(st.one_of(st.none(), st.integers(0, 5), st.just("text")), min_size=1,
@@ -129,10 +154,12 @@ class QueueMachine(RuleBasedStateMachine):
           kind=st.sampled_from(KINDS), parses=st.booleans())
     def publish(self, q: str, ps: list, kind: str, parses: bool) -> None:
         for p in ps:
-            doc = Doc({"p": p, "kind": kind}, {}) if parses else None
+            payload = Doc({"p": p, "kind": kind}, {}) if parses else None
             # three partitions, and record timestamps out of arrival order, as Kafka gives them
             bm = Bookmark("T", self.offset % 3, self.offset)
-            self._run(ev.MessageArrived(q, bm, self.now - 100 * (self.offset % 3), 10, doc))
+            if payload is not None:
+                DOCS[bm] = payload
+            self._run(ev.MessageArrived(q, bm, self.now - 100 * (self.offset % 3), 10, payload))
             self.offset += 1
 
     @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)), b=st.integers(0, 5),
@@ -163,6 +190,13 @@ class QueueMachine(RuleBasedStateMachine):
                  "cancel": ev.Cancelled(c, q, bm), "expire": ev.ExpireRequested(c, q, bm)}[how]
         self._run(event)
 
+    @rule()
+    def restart(self) -> None:
+        """The service stops and starts again: a new engine loads what was written. Clients
+        go on (their subscriptions were stored); every invariant must still hold."""
+        self.engine = self._engine()
+        load_engine(self.store, self.engine, self.now)
+
     @rule(ms=st.integers(0, 6000), beat=st.sets(st.sampled_from(CLIENTS)))
     def time_passes(self, ms: int, beat: set[str]) -> None:
         self.now += ms
@@ -183,7 +217,7 @@ class QueueMachine(RuleBasedStateMachine):
         for q in self.engine.queues.values():
             for b in q.browsers.values():
                 passed = [m for m in q.by_seq() if m.seq <= b.cursor
-                          and m.state.value != "sent" and b.wants(m.doc)]
+                          and m.state.value != "sent" and b.wants(doc(m))]
                 assert all((b.sub_id, m.bookmark) in self.browsed for m in passed), \
                     "a browser passed a queued message without being shown it"
 
@@ -217,12 +251,12 @@ class QueueMachine(RuleBasedStateMachine):
                     and (first is None or m.seq < first.seq)]
             for s in q.subs.values():
                 if s.room > 0 and s.client not in self.engine.unconfirmed:
-                    assert not any(s.wants(m.doc) for m in free), \
+                    assert not any(s.wants(doc(m)) for m in free), \
                         "a subscription with room is not given a message it wants"
 
 
 TestQueueMachine = QueueMachine.TestCase
-TestQueueMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestQueueMachine.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 
 
 class PagedQueueMachine(QueueMachine):
@@ -233,7 +267,7 @@ class PagedQueueMachine(QueueMachine):
 
 
 TestPagedQueueMachine = PagedQueueMachine.TestCase
-TestPagedQueueMachine.settings = settings(max_examples=150, stateful_step_count=40,
+TestPagedQueueMachine.settings = settings(max_examples=300, stateful_step_count=40,
                                           deadline=None)
 
 

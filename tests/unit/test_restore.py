@@ -80,3 +80,21 @@ def test_expiration_queues_restore_the_same_way(tmp_path):
     load_engine(store, engine, NOW)
     assert engine.queues["Q"].paged > 0
     assert picture(engine) == picture(reference)
+
+
+@pytest.mark.parametrize("priority", [None, "/p"])  # a priority queue with barriers is not paged
+@pytest.mark.parametrize("window", [1, 10_000])
+def test_a_restored_barrier_still_waits_for_the_messages_before_it(tmp_path, window, priority):
+    store = MemoryStore()
+    for seq in range(7):
+        msg = Message(Bookmark("T", 0, seq), seq, NOW)
+        msg.is_barrier = seq == 5
+        store.write({message_key("Q", msg.bookmark): encode_message(msg)}, [])
+    config = queue("Q", barrier_expression="/b = 1", priority=priority)
+    for pager in (None, MemoryPager(), RocksPager(tmp_path / f"pager{window}", 32 << 20)):
+        engine = Engine([config], pager=pager, window=window)
+        load_engine(store, engine, NOW)
+        q = engine.queues["Q"]
+        barrier = q.first_barrier()
+        assert barrier is not None and barrier.seq == 5
+        assert not q.clear_before(barrier)  # five messages before it are not finished
