@@ -8,9 +8,10 @@ O(log n) when the figure does not grow with the depth.
   plain             oldest first
   priority          /p, ten levels
   filter            a filtered subscriber waits for rare matches among N unmatched ones
+  clock-filter      the same with a filter reading NOW() (no index: a bounded walk per step)
   barrier           a barrier waits for acks while N messages are held behind it
   target-depth      TargetQueueDepth N: the active part is N deep
-  priority+barrier  priority queue holding a barrier (walks the queue: O(depth))
+  priority+barrier  priority queue holding a barrier
 
 Run: python ops/bench_dispatch.py [--depths 20000,1000000] [--steps 500] [--cases ...]
 """
@@ -78,6 +79,11 @@ def filtered(depth: int) -> tuple[Feed, Callable[[], dict]]:
     return feed, lambda: {"sym": "IBM" if feed.rng.random() < 0.001 else "MSFT"}
 
 
+def clock_filtered(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed()
+    return feed, lambda: {"due": 0 if feed.rng.random() < 0.001 else 2 * NOW}
+
+
 def barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
     feed = Feed(barrier_expression="/flush = true")
     return feed, lambda: {"flush": False}
@@ -93,7 +99,8 @@ def priority_barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
     return feed, lambda: {"p": feed.rng.randrange(10), "flush": False}
 
 
-CASES = {"plain": plain, "priority": priority, "filter": filtered, "barrier": barrier,
+CASES = {"plain": plain, "priority": priority, "filter": filtered,
+         "clock-filter": clock_filtered, "barrier": barrier,
          "target-depth": target_depth, "priority+barrier": priority_barrier}
 
 
@@ -108,6 +115,8 @@ def measure(case: str, depth: int, steps: int) -> float:
         feed.publish(data())
     if case == "filter":
         feed.subscribe("f", "/sym = 'IBM'")
+    if case == "clock-filter":
+        feed.subscribe("f", "/due <= NOW()")
     feed.subscribe("w")
     if case in ("barrier", "priority+barrier"):
         feed.held.clear()  # never acked: the barrier keeps waiting

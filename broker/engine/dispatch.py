@@ -21,6 +21,10 @@ BROWSE_BATCH = 500
 # Paged-out messages one filter looks at per dispatch, when nothing in memory matches it: a
 # filter matching little on a deep queue is served over several ticks, never stalling one.
 PAGED_SCAN = 1_000
+# Messages a dispatch for filters reading the clock looks at: the first ones, and a further
+# stretch of the rest (see `_dispatch_walking`).
+WALK_FRONT = 500
+WALK_ON = 500
 
 
 class Dispatcher(EnginePart):
@@ -121,26 +125,45 @@ class Dispatcher(EnginePart):
     def _dispatch_walking(self, q: QueueState, subs: list[Subscription],
                           barrier: Message | None, now: int) -> bool:
         """In queue order, each message to a subscription with room whose filter it matches;
-        a message nobody wants waits. This walks the available messages, O(available): it
-        serves filters that read the clock (whose answers change while messages wait, so
-        no index holds). True when a barrier was sent."""
+        a message nobody wants waits. For filters that read the clock: their answers change
+        while messages wait, so no index holds and the queue is walked. A bounded walk: the
+        first WALK_FRONT messages, then the next WALK_ON of the rest (in memory, then paged
+        out) from where the last walk stopped, round and round, so a deep queue costs the
+        same per step and a match at its back is found within a few rounds. Then the
+        barrier, if everything before it is finished. True when a barrier was sent."""
+        front = list(q.available.values()[:WALK_FRONT])
+        if self._walk(q, subs, barrier, front, now):
+            rest_from = front[-1].order if front else None
+            start = (q.clock_scan if rest_from is None
+                     else rest_from if q.clock_scan is None else max(q.clock_scan, rest_from))
+            on: list[Message] = []
+            if start is None or (q.available and start < q.available.peekitem(-1)[0]):
+                keys = (iter(q.available) if start is None
+                        else q.available.irange(start, inclusive=(False, True)))
+                on = [q.available[k] for _, k in zip(range(WALK_ON), keys, strict=False)]
+            if len(on) < WALK_ON and q.paged and q.pager is not None:
+                after = on[-1].order if on else start
+                on += q.pager.after(q.name, after, WALK_ON - len(on))
+            q.clock_scan = on[-1].order if len(on) == WALK_ON else None  # else: round again
+            self._walk(q, subs, barrier, on, now)
+        return barrier is not None and self._send_barrier(q, barrier, subs, now)
+
+    def _walk(self, q: QueueState, subs: list[Subscription], barrier: Message | None,
+              msgs: list[Message], now: int) -> bool:
+        """`_dispatch_walking` over these messages. False once no subscription has room."""
         pick = PICKERS[q.config.effective_fairness]
-        for msg in list(q.available.values()):
-            if barrier is not None and msg.seq > barrier.seq:
-                continue  # held back until the barrier is sent
-            if msg is barrier:
-                if self._send_barrier(q, barrier, subs, now):
-                    return True
-                continue
-            if not any(s.room > 0 for s in subs):
-                return False
+        for msg in msgs:
+            if msg.is_barrier or (barrier is not None and msg.seq > barrier.seq):
+                continue  # barriers go by their own rule; the others wait behind the first
             with_room = [s for s in subs if s.room > 0]
+            if not with_room:
+                return False
             doc = self.doc_of(q, msg, now) if any(s.filter for s in with_room) else None
             takers = [s for s in with_room if s.wants(doc)]
             sub = pick(takers, q.rr_last) if takers else None
             if sub is not None:
                 self._lease(q, sub, msg, now)
-        return False
+        return True
 
     def _send_barrier(self, q: QueueState, barrier: Message, subs: list[Subscription],
                       now: int) -> bool:

@@ -74,6 +74,7 @@ class QueueState(Window):
         self.matching: dict[str, SortedDict] = {}
         self.fresh: list[Message] = []
         self.clock_checked_ms = 0  # when filters reading NOW() last looked again
+        self.clock_scan: Any = None  # where their walk beyond the front goes on (an order)
         # TargetQueueDepth: where reading stopped per partition, acks waiting for their
         # message, and whether records were turned away since the queue last had room
         self.read_upto: dict[tuple[str, int], int] = {}

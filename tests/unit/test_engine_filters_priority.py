@@ -189,3 +189,19 @@ def test_filter_indexes_are_dropped_when_no_filtered_subscription_is_left():
         send(h, {"sym": "MSFT"})
     q = h.engine.queue("Q")
     assert (q.matching, q.fresh) == ({}, [])
+
+
+def test_a_filter_that_reads_the_clock_finds_a_match_among_paged_out_messages(paging):
+    """With a deep queue most available messages are paged out; a filter reading NOW()
+    must still reach them, not only the window held in memory."""
+    h = Harness()
+    e = h.engine
+    due = [h.now / 1000 + 3600] * 50 + [h.now / 1000 - 1]  # only the last is due
+    bms = []
+    for i, d in enumerate(due):
+        bms.append(bm := Bookmark("T", 0, i))
+        e.handle(ev.MessageArrived("Q", bm, h.now, 10, Doc({"due_s": d}, {})), h.now)
+    if paging == "paged":
+        assert e.queues["Q"].paged == 50
+    assert [b for _, b, _ in delivered(subscribe(h, "w1", "/due_s <= NOW()", backlog=5))] \
+        == [bms[-1]]

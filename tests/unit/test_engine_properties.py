@@ -50,7 +50,7 @@ QUEUES = {
                  max_per_subscription_backlog=3),
     "PRIO2": queue("PRIO2", priority="/p", lease_period=Duration(3000), leasing="permissive"),
 }
-FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL"]
+FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
 KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO and BAR
 
 
