@@ -46,7 +46,6 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
 # Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
 NOT_SUPPORTED_YET = (
-    "priority_levels",
     "sort_key",
     "missing_sort_key",
     "lvq_key",
@@ -89,7 +88,7 @@ class QueueConfig(_Strict):
     format: Literal["json", "bytes", "avro"] = "json"
     # Accepted by the schema so the error can say "not supported yet" instead of "unknown key".
     priority: str | None = None
-    priority_levels: int | None = None
+    priority_levels: int | None = Field(None, ge=2, le=10)
     barrier_expression: str | None = None
     target_queue_depth: int | None = Field(None, ge=1)
     sort_key: str | None = None
@@ -138,6 +137,8 @@ class QueueConfig(_Strict):
             )
         if self.target_queue_depth is not None and self.priority is not None:
             raise ValueError("target_queue_depth is not allowed together with priority")
+        if self.target_queue_depth is not None and self.priority_levels is not None:
+            raise ValueError("target_queue_depth is not allowed together with priority_levels")
         if self.target_queue_depth is not None and self.barrier_expression is not None:
             raise ValueError("target_queue_depth is not allowed together with barrier_expression")
         for key in NOT_SUPPORTED_YET:

@@ -7,6 +7,7 @@ O(log n) when the figure does not grow with the depth.
 
   plain             oldest first
   priority          /p, ten levels
+  levels            priority_levels = 3, from the kq-priority header (Qpid)
   filter            a filtered subscriber waits for rare matches among N unmatched ones
   clock-filter      the same with a filter reading NOW() (no index: a bounded walk per step)
   barrier           a barrier waits for acks while N messages are held behind it
@@ -50,7 +51,10 @@ class Feed:
     def publish(self, data: dict) -> None:
         bm = Bookmark("T", 0, self.offset)
         self.offset += 1
-        self.take(self.engine.handle(ev.MessageArrived("Q", bm, NOW, 10, Doc(data, {})), NOW))
+        # "kq-priority" in the data stands for the record header of that name
+        headers = {"kq-priority": data.pop("kq-priority")} if "kq-priority" in data else {}
+        self.take(self.engine.handle(
+            ev.MessageArrived("Q", bm, NOW, 10, Doc(data, headers), headers), NOW))
 
     def subscribe(self, sub_id: str, filter: str | None = None) -> None:
         self.take(self.engine.handle(ev.Subscribed("w", sub_id, "Q", BACKLOG, "r", filter), NOW))
@@ -72,6 +76,11 @@ def plain(depth: int) -> tuple[Feed, Callable[[], dict]]:
 def priority(depth: int) -> tuple[Feed, Callable[[], dict]]:
     feed = Feed(priority="/p")
     return feed, lambda: {"p": feed.rng.randrange(10)}
+
+
+def levels(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(priority_levels=3)
+    return feed, lambda: {"kq-priority": str(feed.rng.randrange(10)).encode()}
 
 
 def filtered(depth: int) -> tuple[Feed, Callable[[], dict]]:
@@ -99,7 +108,7 @@ def priority_barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
     return feed, lambda: {"p": feed.rng.randrange(10), "flush": False}
 
 
-CASES = {"plain": plain, "priority": priority, "filter": filtered,
+CASES = {"plain": plain, "priority": priority, "levels": levels, "filter": filtered,
          "clock-filter": clock_filtered, "barrier": barrier,
          "target-depth": target_depth, "priority+barrier": priority_barrier}
 

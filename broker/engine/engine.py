@@ -208,10 +208,9 @@ class Engine(Timers, Dispatcher, Acks):
             q.deferring = True
             self._out.append(Defer(q.name, e.bookmark))
             return
-        priority, barrier = None, False
-        if e.doc is not None:
-            priority = q.priority.number(e.doc) if q.priority is not None else None
-            barrier = q.barrier is not None and q.barrier.matches(e.doc)
+        headers = e.headers if e.headers is not None else e.doc.headers if e.doc else {}
+        priority = q.ordering.rank(e.doc, headers)
+        barrier = e.doc is not None and q.barrier is not None and q.barrier.matches(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
                                   timestamp_ms=ts, priority=priority, barrier=barrier))
         if msg is not None and self.doc_loader is None:

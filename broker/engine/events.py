@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from broker.expr import Doc
@@ -15,6 +16,8 @@ class MessageArrived:
     timestamp_ms: int
     size: int = 0  # bytes of key, value and headers
     doc: Doc | None = None  # what expressions see of it (None: nothing, all NULL)
+    # its headers, when the queue's type reads them and `doc` may be None (e.g. kq-priority)
+    headers: Mapping[str, bytes | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from sortedcontainers import SortedDict
 from broker.config import QueueConfig
 from broker.engine.barriers import BarrierWaits
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
+from broker.engine.ordering import ByArrival, ordering_of
 from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
@@ -36,7 +37,9 @@ class QueueState(Window):
         self.config = config
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
-        self.pager = None if config.priority and config.barrier_expression else pager
+        self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)
+        self.ranked = not isinstance(self.ordering, ByArrival)
+        self.pager = None if self.ranked and config.barrier_expression else pager
         self.window = max(1, window)
         self.paged = 0  # available messages paged out
         self._floor: Any = None  # the delivery order of the first of them
@@ -53,7 +56,6 @@ class QueueState(Window):
         # than start_ms are not enqueued; 0 for earliest). None until first configured.
         self.recovery_point: str | None = None
         self.start_ms = 0
-        self.priority = compile_expression(config.priority) if config.priority else None
         self.barrier = (compile_expression(config.barrier_expression)
                         if config.barrier_expression else None)
         self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
@@ -62,7 +64,7 @@ class QueueState(Window):
         # rule and are in neither), and the others grouped by the nearest barrier
         # before them (barrier seq -> bookmark -> message). When a barrier leaves, its group
         # joins the one before it, or `ahead`: each message moves once per barrier.
-        self.ahead: SortedDict | None = (SortedDict() if config.priority
+        self.ahead: SortedDict | None = (SortedDict() if self.ranked
                                          and config.barrier_expression else None)
         self.behind: dict[int, dict[Bookmark, Message]] = {}
         # Barrier queues: how many unfinished messages each barrier waits for
@@ -225,7 +227,7 @@ class QueueState(Window):
             next_state(None, ACTION_OF[t.kind])
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
             # a priority journaled under an earlier config that had one no longer counts
-            msg.priority = t.priority if self.priority is not None else None
+            msg.priority = t.priority if self.ranked else None
             msg.is_barrier = t.barrier
             self.messages[t.bookmark] = msg
             self._count_in(msg)

@@ -52,7 +52,7 @@ class Window:
     offsets: dict[tuple[str, int], Ascending]
     lease_timers: list[tuple[int, int, Bookmark]]
     expiry_timers: list[tuple[int, int, Bookmark]]
-    priority: Expression | None
+    ranked: bool
 
     @property
     def name(self) -> str:
@@ -146,7 +146,7 @@ class Window:
         best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
         out: list[Message] = []
         for msg in messages:
-            if self.priority is None:
+            if not self.ranked:
                 msg.priority = None  # stored under an earlier config that had a priority
             bm = msg.bookmark
             self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
@@ -198,12 +198,12 @@ class Window:
         next_seq = self.stats.next_seq
         for bm_text, data in records:
             head = message_head(data)
-            if head is None or (head[3] is not None and self.priority is None):
+            if head is None or (head[3] is not None and not self.ranked):
                 msg = load(bm_text, data)  # an older layout, or a priority no longer used
                 if msg.state is not MessageState.AVAILABLE or msg.is_barrier:
                     others.append(msg)
                     continue
-                msg.priority = msg.priority if self.priority is not None else None
+                msg.priority = msg.priority if self.ranked else None
                 item: bytes | Message = msg
                 seq, ts, first = msg.seq, msg.timestamp_ms, msg.order[0]
             elif head[2] != AVAILABLE_CODE or head[4]:

@@ -290,9 +290,10 @@ class Service:
         for name in queues:
             q = self.engine.queues[name]
             # decoded now only for the queue's own expressions; filters decode on demand
-            needs = q.priority is not None or q.barrier is not None
+            needs = q.ordering.needs_doc or q.barrier is not None
             doc = self._doc(name, payload, now) if needs else None
-            self._run(ev.MessageArrived(name, bm, ts, payload.size, doc), now, batch)
+            seen = dict(payload.headers) if q.ordering.needs_headers else None
+            self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, seen), now, batch)
 
     @functools.lru_cache(maxsize=DOC_CACHE)  # noqa: B019 - one service object per process
     def _load_doc(self, queue: str, bm: Bookmark) -> Doc | None:

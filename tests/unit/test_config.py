@@ -43,6 +43,9 @@ def test_at_most_once_defaults_to_round_robin():
     (q(semantics="at-most-once", fairness="proportional"),
      ["queue 'ORDERS'", "fairness", "at-most-once"]),
     (q(target_queue_depth=5, priority="/p"), ["target_queue_depth", "priority"]),
+    (q(target_queue_depth=5, priority_levels=3), ["target_queue_depth", "priority_levels"]),
+    (q(priority_levels=1), ["queue 'ORDERS'", "'priority_levels'", "greater than or equal to 2"]),
+    (q(priority_levels=11), ["'priority_levels'", "less than or equal to 10"]),
     (q(group_key="/g"), ["queue 'ORDERS'", "not supported yet: group_key"]),
     (q(barrier_expression="/b ="), ["queue 'ORDERS'", "'barrier_expression'", "column"]),
     (q(priority="/p = "), ["queue 'ORDERS'", "'priority'", "column 6"]),
@@ -78,7 +81,7 @@ def test_the_example_config_is_valid():
     from pathlib import Path
 
     cfg = load_config(Path(__file__).parents[2] / "ops" / "queues.example.toml")
-    assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS"}
+    assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS", "TICKETS"}
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("5m", 300_000),

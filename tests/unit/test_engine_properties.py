@@ -23,6 +23,7 @@ CLIENTS = ["a", "b", "c"]
 # What expressions see of each message, by bookmark: the engine reads them through its doc
 # loader (as the service reads payloads from its store), so they outlive a restart.
 DOCS: dict[Bookmark, Doc] = {}
+HEADERS: dict[Bookmark, dict] = {}  # of every message, parsed or not
 
 
 def doc(m) -> Doc | None:
@@ -33,6 +34,11 @@ def rank(queue: str, m) -> tuple:
     """The delivery order SPEC 6 asks for, computed here independently of the engine: oldest
     first; in PRIO and PRIO2, numeric priority (from the payload) highest first, others
     last."""
+    if queue == "LEV":  # priority_levels = 3 on the kq-priority header (Qpid: 0-3, 4, 5-9)
+        raw = (doc(m).headers if doc(m) is not None else HEADERS.get(m.bookmark, {})).get(
+            "kq-priority")
+        p = int(raw) if raw is not None and len(raw) == 1 and raw.isdigit() else 4
+        return (0, -{4: 1}.get(p, 0 if p < 4 else 2), m.seq)
     if not queue.startswith("PRIO"):
         return (0, 0, m.seq)
     p = doc(m).data.get("p") if doc(m) is not None else None
@@ -49,6 +55,7 @@ QUEUES = {
     "BAR": queue("BAR", lease_period=Duration(3000), barrier_expression="/kind = 'b'",
                  max_per_subscription_backlog=3),
     "PRIO2": queue("PRIO2", priority="/p", lease_period=Duration(3000), leasing="permissive"),
+    "LEV": queue("LEV", priority_levels=3, lease_period=Duration(3000)),
 }
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
 KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO and BAR
@@ -60,6 +67,7 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         DOCS.clear()
+        HEADERS.clear()
         self.engine = self._engine()
         self.store = MemoryStore()  # what the service would have written after each batch
         self.now = 10_000
@@ -154,12 +162,15 @@ class QueueMachine(RuleBasedStateMachine):
           kind=st.sampled_from(KINDS), parses=st.booleans())
     def publish(self, q: str, ps: list, kind: str, parses: bool) -> None:
         for p in ps:
-            payload = Doc({"p": p, "kind": kind}, {}) if parses else None
+            headers = {} if p is None else {"kq-priority": str(p).encode()}
+            payload = Doc({"p": p, "kind": kind}, headers) if parses else None
             # three partitions, and record timestamps out of arrival order, as Kafka gives them
             bm = Bookmark("T", self.offset % 3, self.offset)
+            HEADERS[bm] = headers
             if payload is not None:
                 DOCS[bm] = payload
-            self._run(ev.MessageArrived(q, bm, self.now - 100 * (self.offset % 3), 10, payload))
+            self._run(ev.MessageArrived(q, bm, self.now - 100 * (self.offset % 3), 10, payload,
+                                        headers))
             self.offset += 1
 
     @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)), b=st.integers(0, 5),

@@ -1,0 +1,94 @@
+"""How a queue orders its available messages: the first part of what makes a queue type.
+
+Each message gets a rank when it arrives (journaled as the transition's `priority`, so a
+replay orders it the same way): a number, highest first, or None, after every number; equal
+ranks go oldest first. `Message.order` and the pager's keys sort by it.
+
+  ByArrival   no rank: oldest first (the AMPS default)
+  ByPriority  the `priority` expression's value (AMPS Priority)
+  ByLevels    `priority_levels`: a Qpid priority queue. A priority 0..9, from the
+              `priority` expression or else the `kq-priority` header (4 when absent or not
+              a digit, as JMS), collapsed onto N levels by the AMQP 0-10 rule Qpid follows:
+              with N levels the lowest one takes 0..(5 - ceil(N/2)), each priority above
+              that has a level of its own, and the top level takes what is left (N=2: 0-4
+              and 5-9; N=10: one level per priority).
+
+The next types (sorted queues) add orderings here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Protocol
+
+from broker.config import QueueConfig
+from broker.expr import Doc, Expression, compile_expression
+
+PRIORITY_HEADER = "kq-priority"
+JMS_DEFAULT_PRIORITY = 4
+
+Headers = Mapping[str, bytes | None]
+
+
+class Ordering(Protocol):
+    # whether `rank` reads the payload (the service then decodes it on arrival), or the
+    # record's headers (which reach the engine even when the payload does not parse)
+    needs_doc: bool
+    needs_headers: bool
+
+    def rank(self, doc: Doc | None, headers: Headers) -> float | None: ...
+
+
+class ByArrival:
+    needs_doc = needs_headers = False
+
+    def rank(self, doc: Doc | None, headers: Headers) -> float | None:
+        return None
+
+
+class ByPriority:
+    needs_doc, needs_headers = True, False
+
+    def __init__(self, expression: Expression) -> None:
+        self.expression = expression
+
+    def rank(self, doc: Doc | None, headers: Headers) -> float | None:
+        return self.expression.number(doc) if doc is not None else None
+
+
+class ByLevels:
+    def __init__(self, levels: int, expression: Expression | None) -> None:
+        self.levels = levels
+        self.expression = expression
+        self.needs_doc = expression is not None
+        self.needs_headers = expression is None
+
+    def rank(self, doc: Doc | None, headers: Headers) -> float | None:
+        return float(level(self.priority(doc, headers), self.levels))
+
+    def priority(self, doc: Doc | None, headers: Headers) -> int:
+        """The message's priority, 0..9."""
+        if self.expression is not None:
+            value = self.expression.number(doc) if doc is not None else None
+            if value is None or math.isnan(value):
+                return JMS_DEFAULT_PRIORITY
+            return min(9, max(0, math.floor(value)))
+        raw = headers.get(PRIORITY_HEADER)
+        text = raw.decode("ascii", "replace").strip() if raw is not None else ""
+        return int(text) if len(text) == 1 and text.isdigit() else JMS_DEFAULT_PRIORITY
+
+
+def level(priority: int, levels: int) -> int:
+    """Priority 0..9 -> level 0..levels-1 (highest delivered first)."""
+    lowest_top = 5 - min(5, math.ceil(levels / 2))
+    return 0 if priority <= lowest_top else min(priority - lowest_top, levels - 1)
+
+
+def ordering_of(config: QueueConfig) -> Ordering:
+    expression = compile_expression(config.priority) if config.priority else None
+    if config.priority_levels is not None:
+        return ByLevels(config.priority_levels, expression)
+    if expression is not None:
+        return ByPriority(expression)
+    return ByArrival()
