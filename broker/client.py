@@ -338,6 +338,11 @@ class QueueClient:
     def _take_reply(self, rid: str, error: str | None, body: dict[str, Any]) -> None:
         """Keep a reply; a large one comes in chunks ({"chunk": i, "chunks": n, "rows": [...]}
         with the other fields in chunk 0), kept once all are in, rows in order."""
+        sub = self._subs.get(body.get("sub_id") or "")
+        if sub is not None and body.get("mode") in ("queue", "browse"):
+            # what the service made of it (a nondestructive queue only browses): known
+            # before the messages that follow the reply
+            sub.mode = body["mode"]
         chunks = body.get("chunks")
         if error is not None or not chunks:
             self._replies[rid] = (error, body)

@@ -57,7 +57,6 @@ NOT_SUPPORTED_YET = (
     "overflow_policy",
     "min_ttl",
     "max_ttl",
-    "nondestructive",
     "redelivery_delay",
     "redelivery_backoff",
     "max_redelivery_delay",
@@ -102,7 +101,8 @@ class QueueConfig(_Strict):
     overflow_policy: Literal["none", "ring", "reject", "flow-control"] | None = None
     min_ttl: DurationField | None = None
     max_ttl: DurationField | None = None
-    nondestructive: bool | None = None
+    nondestructive: bool = False  # every subscription browses (Qpid)
+    default_replay_period: DurationField | None = None  # a browser's replay_period by default
     redelivery_delay: DurationField | None = None
     redelivery_backoff: Literal["fixed", "exponential"] | None = None
     max_redelivery_delay: DurationField | None = None

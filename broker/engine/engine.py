@@ -235,22 +235,27 @@ class Engine(Timers, Dispatcher, Acks):
             except ExpressionError as exc:
                 self._reject(e.client, e.request_id, f"bad filter: {exc}")
                 return
-        if e.replay_ms is not None and (not e.browse or e.replay_ms < 0):
+        # a nondestructive queue is only browsed, whatever mode was asked for (Qpid)
+        browse = e.browse or q.config.nondestructive
+        replay_ms = e.replay_ms
+        if replay_ms is None and browse and q.config.default_replay_period is not None:
+            replay_ms = q.config.default_replay_period.ms  # Qpid's default filter
+        if replay_ms is not None and (not browse or replay_ms < 0):
             self._reject(e.client, e.request_id, "replay_period needs mode='browse' and a "
-                         f"duration >= 0, got {e.replay_ms} ms")
+                         f"duration >= 0, got {replay_ms} ms")
             return
         existing = self.subs.get(e.sub_id)
         if existing is not None and (existing.client != e.client or existing.queue != e.queue
-                                     or existing.browse != e.browse):
+                                     or existing.browse != browse):
             self._reject(e.client, e.request_id, f"subscription id {e.sub_id!r} is taken")
             return
         if existing is None:
             self._do(
                 Transition(
                     Kind.SUBSCRIBED, q.name, now, sub_id=e.sub_id, client=e.client,
-                    max_backlog=e.max_backlog, filter=e.filter or None, browse=e.browse,
-                    seq=q.browse_start(now - e.replay_ms if e.replay_ms is not None else None)
-                    if e.browse else 0, principal=e.principal,
+                    max_backlog=e.max_backlog, filter=e.filter or None, browse=browse,
+                    seq=q.browse_start(now - replay_ms if replay_ms is not None else None)
+                    if browse else 0, principal=e.principal,
                 )
             )
         sub = self.subs[e.sub_id]

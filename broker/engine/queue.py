@@ -160,10 +160,11 @@ class QueueState(Window):
 
     def browse_start(self, since_ms: int | None) -> int:
         """A new browser's cursor: before the whole queue, or (with a replay period) before
-        the first queued message stamped since then; it then sees everything after that."""
+        the first queued message stamped after then (a period of 0: nothing queued yet);
+        it then sees everything after that."""
         if since_ms is None:
             return -1
-        recent = next((m.seq for m in self.by_seq() if m.timestamp_ms >= since_ms), None)
+        recent = next((m.seq for m in self.by_seq() if m.timestamp_ms > since_ms), None)
         return recent - 1 if recent is not None else self.stats.next_seq - 1
 
     def subscription(self, sub_id: str) -> Subscription | None:

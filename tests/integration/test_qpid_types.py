@@ -39,3 +39,26 @@ def test_a_priority_levels_queue_delivers_by_the_kq_priority_header_across_a_kil
         with QueueClient(bootstrap, topic_prefix=prefix) as c:
             got = drain(c.subscribe(name, max_backlog=10), 5)
         assert [m.data["l"] for m in got] == ["high-a", "high-b", "low-a", "none", "low-b"]
+
+
+def test_a_nondestructive_queue_shows_every_subscriber_everything_and_keeps_it(
+        bootstrap, tmp_path):
+    """Qpid's non-destructive queue: every subscription browses (whatever mode it asked
+    for); messages stay until they expire."""
+    with serving_one_queue(bootstrap, tmp_path, "ND", 'nondestructive = true\n'
+                           'expiration = "1h"\n') as (name, cfg, prefix, _):
+        sent = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}'], key=b"k")
+        wait_for(lambda: enqueued(cfg) == 2, what="both enqueued")
+        with QueueClient(bootstrap, name="one", topic_prefix=prefix) as a, \
+                QueueClient(bootstrap, name="two", topic_prefix=prefix) as b:
+            sub_a = a.subscribe(name, max_backlog=1)  # asks to consume
+            assert sub_a.mode == "browse"
+            got_a = drain(sub_a, 2)
+            got_b = drain(b.subscribe(name, max_backlog=1), 2)
+            assert [m.bookmark for m in got_a] == [m.bookmark for m in got_b] == sent
+            assert all(m.lease_deadline is None for m in got_a)
+            for m in got_a:
+                m.ack()  # a copy: nothing to ack, and nothing is
+            a.flush()
+        row = json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+        assert (row["depth"], row["acked"]) == (2, 0)

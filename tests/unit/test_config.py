@@ -81,7 +81,8 @@ def test_the_example_config_is_valid():
     from pathlib import Path
 
     cfg = load_config(Path(__file__).parents[2] / "ops" / "queues.example.toml")
-    assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS", "TICKETS"}
+    assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS", "TICKETS",
+                                           "PRICES"}
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("5m", 300_000),

@@ -193,3 +193,35 @@ def test_a_browser_sees_what_consumers_take_at_once():
     (sent,) = h.publish(1, queue="M")
     assert [d.client for d in h.effects[before:] if isinstance(d, Deliver)] == ["bm", "w2"]
     assert sent not in [m.bookmark for m in e.queue("M").available.values()]
+
+
+def test_a_nondestructive_queue_is_only_browsed_whatever_mode_is_asked():
+    h = Harness(queue(nondestructive=True))
+    bms = h.publish(2)
+    out = h.subscribe("w1", backlog=5)  # asked to consume
+    assert replies(out)[0].body["mode"] == "browse"
+    assert shown(out, "w1") == bms
+    assert [e.lease_deadline_ms for e in out if isinstance(e, Deliver)] == [None, None]
+    assert shown(h.subscribe("w2", backlog=5), "w2") == bms  # everyone sees everything
+    q = h.engine.queue("Q")
+    assert [m.state.value for m in q.messages.values()] == ["available", "available"]
+    assert q.stats.delivered == 0
+
+
+def test_default_replay_period_is_what_a_browser_gets_without_one():
+    h = Harness(queue(default_replay_period="10s"))
+    old = Bookmark("T", 0, 0)
+    h.handle(ev.MessageArrived("Q", old, h.now - 60_000, 10))  # published a minute ago
+    h.handle(ev.MessageArrived("Q", recent := Bookmark("T", 0, 1), h.now - 1_000, 10))
+    assert shown(browse(h)) == [recent]  # Qpid's default filter: the last 10 s
+    assert shown(browse(h, "b2", replay_ms=120_000), "b2") == [old, recent]  # its own wins
+    out = h.subscribe("w1", backlog=5)  # consumers are not browsers: all of it
+    assert [bm for _, bm, _ in delivered(out)] == [old, recent]
+
+
+def test_default_replay_period_zero_shows_only_new_messages():
+    h = Harness(queue(nondestructive=True, default_replay_period="0s"))
+    h.publish(2)
+    assert shown(h.subscribe("w1", backlog=5), "w1") == []
+    (new,) = h.publish(1)
+    assert shown(h.effects, "w1") == [new]
