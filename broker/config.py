@@ -55,8 +55,6 @@ NOT_SUPPORTED_YET = (
     "max_messages",
     "max_bytes",
     "overflow_policy",
-    "min_ttl",
-    "max_ttl",
     "redelivery_delay",
     "redelivery_backoff",
     "max_redelivery_delay",
@@ -137,6 +135,9 @@ class QueueConfig(_Strict):
             )
         if self.target_queue_depth is not None and self.priority is not None:
             raise ValueError("target_queue_depth is not allowed together with priority")
+        if (self.min_ttl is not None and self.max_ttl is not None
+                and self.min_ttl.ms > self.max_ttl.ms):
+            raise ValueError(f"min_ttl ({self.min_ttl}) is above max_ttl ({self.max_ttl})")
         if self.target_queue_depth is not None and self.priority_levels is not None:
             raise ValueError("target_queue_depth is not allowed together with priority_levels")
         if self.target_queue_depth is not None and self.barrier_expression is not None:

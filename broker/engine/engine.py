@@ -29,6 +29,7 @@ from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.timers import Timers
 from broker.engine.transitions import Kind, Reason, Transition
+from broker.engine.ttl import own_expiry
 from broker.errors import ExpressionError
 from broker.expr import Doc, compile_expression
 from broker.values import Bookmark
@@ -212,7 +213,8 @@ class Engine(Timers, Dispatcher, Acks):
         priority = q.ordering.rank(e.doc, headers)
         barrier = e.doc is not None and q.barrier is not None and q.barrier.matches(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
-                                  timestamp_ms=ts, priority=priority, barrier=barrier))
+                                  timestamp_ms=ts, priority=priority, barrier=barrier,
+                                  deadline_ms=own_expiry(q.config, ts, headers)))
         if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
         if msg is not None and msg.bookmark in q.pending_acks:

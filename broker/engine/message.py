@@ -31,6 +31,7 @@ class Message:
         "priority",
         "doc",
         "is_barrier",
+        "expires_ms",
     )
 
     def __init__(
@@ -57,6 +58,8 @@ class Message:
         # loader the engine reads it from the store when a filter asks.
         self.doc: Doc | None = None
         self.is_barrier = False
+        # its own expiry (broker.engine.ttl), or None: the queue's `expiration`, if any
+        self.expires_ms: int | None = None
 
     @property
     def order(self) -> Any:

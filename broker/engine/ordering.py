@@ -32,23 +32,22 @@ Headers = Mapping[str, bytes | None]
 
 
 class Ordering(Protocol):
-    # whether `rank` reads the payload (the service then decodes it on arrival), or the
-    # record's headers (which reach the engine even when the payload does not parse)
+    # whether `rank` reads the payload (the service then decodes it on arrival; the
+    # headers reach the engine either way, even when the payload does not parse)
     needs_doc: bool
-    needs_headers: bool
 
     def rank(self, doc: Doc | None, headers: Headers) -> float | None: ...
 
 
 class ByArrival:
-    needs_doc = needs_headers = False
+    needs_doc = False
 
     def rank(self, doc: Doc | None, headers: Headers) -> float | None:
         return None
 
 
 class ByPriority:
-    needs_doc, needs_headers = True, False
+    needs_doc = True
 
     def __init__(self, expression: Expression) -> None:
         self.expression = expression
@@ -62,7 +61,6 @@ class ByLevels:
         self.levels = levels
         self.expression = expression
         self.needs_doc = expression is not None
-        self.needs_headers = expression is None
 
     def rank(self, doc: Doc | None, headers: Headers) -> float | None:
         return float(level(self.priority(doc, headers), self.levels))

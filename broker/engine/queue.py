@@ -107,6 +107,8 @@ class QueueState(Window):
 
     # -- reading ---------------------------------------------------------------------------
     def expires_at(self, msg: Message) -> int | None:
+        if msg.expires_ms is not None:
+            return msg.expires_ms
         exp = self.config.expiration
         return msg.timestamp_ms + exp.ms if exp else None
 
@@ -230,6 +232,7 @@ class QueueState(Window):
             # a priority journaled under an earlier config that had one no longer counts
             msg.priority = t.priority if self.ranked else None
             msg.is_barrier = t.barrier
+            msg.expires_ms = t.deadline_ms  # (ENQUEUED: its own expiry)
             self.messages[t.bookmark] = msg
             self._count_in(msg)
             tp = (t.bookmark.topic, t.bookmark.partition)

@@ -69,7 +69,7 @@ class Transition:
     client: str | None = None
     delivery_count: int = 0
     cancel_count: int = 0
-    deadline_ms: int | None = None
+    deadline_ms: int | None = None  # LEASED, SENT: of the lease; ENQUEUED: its own expiry
     reason: str | None = None
     seq: int = 0  # ENQUEUED: arrival order within the queue
     timestamp_ms: int = 0  # ENQUEUED: the record's timestamp

@@ -287,13 +287,15 @@ class Service:
         ts = rec.timestamp()[1]
         payload = Payload(rec.key(), rec.value(), headers, ts)
         batch.cp.payloads[bm] = payload
+        headers_seen = dict(payload.headers)
         for name in queues:
             q = self.engine.queues[name]
             # decoded now only for the queue's own expressions; filters decode on demand
             needs = q.ordering.needs_doc or q.barrier is not None
             doc = self._doc(name, payload, now) if needs else None
-            seen = dict(payload.headers) if q.ordering.needs_headers else None
-            self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, seen), now, batch)
+            # headers even when the payload does not parse: kq-expiration, kq-priority
+            self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, headers_seen),
+                      now, batch)
 
     @functools.lru_cache(maxsize=DOC_CACHE)  # noqa: B019 - one service object per process
     def _load_doc(self, queue: str, bm: Bookmark) -> Doc | None:

@@ -25,7 +25,9 @@ from broker.engine.transitions import Kind, Transition
 from broker.packed import (
     AVAILABLE_CODE,
     BARRIER,
+    EXPIRY,
     HAS_DEADLINE,
+    HAS_EXPIRY,
     HAS_HOLDER,
     HAS_PRIORITY,
     MESSAGE,
@@ -113,10 +115,12 @@ assert _STATES[AVAILABLE_CODE] is MessageState.AVAILABLE
 def encode_message(m: Message) -> bytes:
     flags = ((m.deadline_ms is not None and HAS_DEADLINE) | (m.priority is not None
              and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
-                                                                  and HAS_HOLDER))
+             and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY))
     head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
                          m.delivery_count, m.cancel_count, m.deadline_ms or 0,
                          m.priority or 0.0, flags)
+    if m.expires_ms is not None:
+        head += EXPIRY.pack(m.expires_ms)
     return head + m.holder.encode() if m.holder is not None else head
 
 
@@ -124,11 +128,17 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     if data[:2] != MESSAGE_TAG:
         return _decode_avro_message(bm, data)
     _, seq, ts, state, dc, cc, deadline, priority, flags = MESSAGE.unpack_from(data)
+    rest = MESSAGE.size
+    expires = None
+    if flags & HAS_EXPIRY:
+        (expires,) = EXPIRY.unpack_from(data, rest)
+        rest += EXPIRY.size
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
-                  data[MESSAGE.size:].decode() if flags & HAS_HOLDER else None,
+                  data[rest:].decode() if flags & HAS_HOLDER else None,
                   deadline if flags & HAS_DEADLINE else None)
     msg.priority = priority if flags & HAS_PRIORITY else None
     msg.is_barrier = bool(flags & BARRIER)
+    msg.expires_ms = expires
     return msg
 
 

@@ -62,3 +62,26 @@ def test_a_nondestructive_queue_shows_every_subscriber_everything_and_keeps_it(
             a.flush()
         row = json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
         assert (row["depth"], row["acked"]) == (2, 0)
+
+
+def test_a_message_leaves_on_its_kq_expiration_header_even_across_a_kill(bootstrap, tmp_path):
+    """TTL: kq-expiration (ms from the record's timestamp) on a queue with no expiration of
+    its own; max_ttl bounds the ones without; both are kept across kill -9."""
+    with serving_one_queue(bootstrap, tmp_path, "TTL", 'max_ttl = "1h"\n'
+                           'dead_letter_topic = "TTL_DLQ"\n') as (name, cfg, prefix, serve):
+        short = publish(bootstrap, name, [b'{"n": 1}', b'{"n": 2}'], key=b"k",
+                        headers=[("kq-expiration", b"3000")])
+        (kept,) = publish(bootstrap, name, [b'{"n": 3}'], key=b"k")  # max_ttl: an hour
+        wait_for(lambda: enqueued(cfg) == 3, what="all three enqueued")
+        serve.proc.send_signal(signal.SIGKILL)
+        serve.wait_exit()
+        serve.start()  # each one's expiry comes back from RocksDB
+
+        def row() -> dict:
+            return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+        wait_for(lambda: row()["removed"].get("expired") == 2, timeout=20,
+                 what="the two with kq-expiration expired")
+        assert (row()["depth"], row()["dead_lettered"]) == (1, 2)
+        with QueueClient(bootstrap, topic_prefix=prefix) as c:
+            (m,) = drain(c.subscribe(name, max_backlog=5), 1)
+        assert m.bookmark == kept and m.bookmark not in short

@@ -44,6 +44,8 @@ def test_at_most_once_defaults_to_round_robin():
      ["queue 'ORDERS'", "fairness", "at-most-once"]),
     (q(target_queue_depth=5, priority="/p"), ["target_queue_depth", "priority"]),
     (q(target_queue_depth=5, priority_levels=3), ["target_queue_depth", "priority_levels"]),
+    (q(min_ttl="1m", max_ttl="30s"), ["queue 'ORDERS'", "min_ttl", "above max_ttl"]),
+    (q(max_ttl="soon"), ["'max_ttl'", "bad duration"]),
     (q(priority_levels=1), ["queue 'ORDERS'", "'priority_levels'", "greater than or equal to 2"]),
     (q(priority_levels=11), ["'priority_levels'", "less than or equal to 10"]),
     (q(group_key="/g"), ["queue 'ORDERS'", "not supported yet: group_key"]),

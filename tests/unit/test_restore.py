@@ -98,3 +98,21 @@ def test_a_restored_barrier_still_waits_for_the_messages_before_it(tmp_path, win
         barrier = q.first_barrier()
         assert barrier is not None and barrier.seq == 5
         assert not q.clear_before(barrier)  # five messages before it are not finished
+
+
+@pytest.mark.parametrize("window", [1, 10_000])
+def test_messages_with_their_own_expiry_still_expire_after_a_restart(tmp_path, window):
+    from broker.engine import events as ev
+
+    store = MemoryStore()
+    for seq in range(5):
+        msg = Message(Bookmark("T", 0, seq), seq, NOW)
+        msg.expires_ms = NOW + 1_000 if seq % 2 else None  # kq-expiration on odd ones
+        store.write({message_key("Q", msg.bookmark): encode_message(msg)}, [])
+    for pager in (MemoryPager(), RocksPager(tmp_path / f"pager{window}", 32 << 20)):
+        engine = Engine([queue("Q")], pager=pager, window=window)
+        load_engine(store, engine, NOW)
+        engine.handle(ev.Tick(), NOW + 1_000)
+        q = engine.queues["Q"]
+        assert [m.bookmark.offset for m in q.by_seq()] == [0, 2, 4]
+        assert q.stats.removed["expired"] == 2
