@@ -3,15 +3,17 @@
 A queue holds in memory its leased messages, its barriers and a window of the available ones
 that come next in delivery order; the rest are paged out to a `Pager`, which keeps them in
 delivery order (to refill the window), in arrival order (browsers, `kq inspect`) and by
-bookmark. The pager is the engine's own swap space, not its durable state: a page-out takes
-effect at once and nothing in it survives a restart (the service rebuilds it from its store).
-The service's pager is RocksDB (`broker.state.pager`); `MemoryPager` serves the tests and
-behaves the same, so every queue rule is tested with a window small enough to page all the
-time.
+bookmark. It also keeps their expiry timers (`add_timer`, `due_timers`), so a deep queue with
+an expiration holds no timer per message in memory. The pager is the engine's own swap space,
+not its durable state: a page-out takes effect at once and nothing in it survives a restart
+(the service rebuilds it from its store). The service's pager is RocksDB
+(`broker.state.pager`); `MemoryPager` serves the tests and behaves the same, so every queue
+rule is tested with a window small enough to page all the time.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,12 +59,21 @@ class Pager(Protocol):
 
     def count(self, queue: str) -> int: ...
 
+    def add_timer(self, queue: str, at: int, seq: int, bm: Bookmark) -> None:
+        """Remember that the message (seq, bookmark) is due at `at` (epoch ms)."""
+
+    def due_timers(self, queue: str, now: int, limit: int) -> list[tuple[int, int, Bookmark]]:
+        """Up to `limit` timers due by `now`, earliest first, forgotten as they are returned.
+        A timer is not removed when its message leaves: the caller checks it is still
+        meant (lazy invalidation, as the engine's timer heaps)."""
+
 
 class _Queue:
     def __init__(self) -> None:
         self.by_order: SortedDict = SortedDict()
         self.by_seq: SortedDict = SortedDict()
         self.by_bm: dict[Bookmark, Message] = {}
+        self.timers: list[tuple[int, int, Bookmark]] = []  # a heap
 
 
 class MemoryPager:
@@ -131,3 +142,13 @@ class MemoryPager:
 
     def count(self, queue: str) -> int:
         return len(self._q(queue).by_bm)
+
+    def add_timer(self, queue: str, at: int, seq: int, bm: Bookmark) -> None:
+        heapq.heappush(self._q(queue).timers, (at, seq, bm))
+
+    def due_timers(self, queue: str, now: int, limit: int) -> list[tuple[int, int, Bookmark]]:
+        timers = self._q(queue).timers
+        out: list[tuple[int, int, Bookmark]] = []
+        while timers and timers[0][0] <= now and len(out) < limit:
+            out.append(heapq.heappop(timers))
+        return out

@@ -328,15 +328,25 @@ class QueueState(Window):
 
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
-        expires = self.expires_at(msg)
-        if expires is not None:
-            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
         if self.paged and not msg.is_barrier and msg.order > self._floor:
             self._page_out(msg)  # others come first: it waits among them
+            self._set_expiry_timer(msg, paged=True)
             return
+        self._set_expiry_timer(msg, paged=False)
         self._hold_available(msg)
         if self.pager is not None and len(self.available) - len(self.barriers) > 2 * self.window:
             self._evict()
+
+    def _set_expiry_timer(self, msg: Message, paged: bool) -> None:
+        """In memory for a message held in memory, in the pager for one paged out (a deep
+        queue with an expiration holds no timer per message)."""
+        expires = self.expires_at(msg)
+        if expires is None:
+            return
+        if paged and self.pager is not None:
+            self.pager.add_timer(self.name, expires, msg.seq, msg.bookmark)
+        else:
+            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
 
     def _hold_available(self, msg: Message) -> None:
         self.messages[msg.bookmark] = msg

@@ -11,9 +11,13 @@ from broker.engine.part import EnginePart
 from broker.engine.queue import QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Reason
+from broker.values import Bookmark
 
 # How often the available messages are checked again for filters that read the clock.
 CLOCK_RECHECK_MS = 100
+# Paged-out messages that expire per tick at most (a deep queue expiring all at once is
+# emptied over several ticks, never stalling one)
+EXPIRE_BATCH = 5_000
 
 
 class Timers(EnginePart):
@@ -44,9 +48,15 @@ class Timers(EnginePart):
             self._give_back(q, msg, now, Reason.LAPSED)
 
     def _expire_available(self, q: QueueState, now: int) -> None:
+        """Messages past their expiry leave, unless leased (checked again when they come
+        back). Timers of paged-out messages are in the pager: EXPIRE_BATCH per tick."""
         timers = q.expiry_timers
+        due: list[tuple[int, int, Bookmark]] = []
         while timers and timers[0][0] <= now:
-            _, seq, bm = heapq.heappop(timers)
+            due.append(heapq.heappop(timers))
+        if q.pager is not None:  # (even with nothing paged out now: a refill took them)
+            due += q.pager.due_timers(q.name, now, EXPIRE_BATCH)
+        for _, seq, bm in due:
             msg = q.find(bm)
             if msg is not None and msg.state is MessageState.AVAILABLE and msg.seq == seq:
                 self._remove(q, msg, now, Reason.EXPIRED)

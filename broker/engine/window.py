@@ -67,6 +67,9 @@ class Window:
     def _hold_available(self, msg: Message) -> None:
         raise NotImplementedError
 
+    def _set_expiry_timer(self, msg: Message, paged: bool) -> None:
+        raise NotImplementedError
+
     def _leave(self, msg: Message) -> None:
         raise NotImplementedError
 
@@ -262,8 +265,6 @@ class Window:
         assert self.pager is not None
         self.pager.put_many(self.name, msgs)
         for msg in msgs:
-            expires = self.expires_at(msg)
-            if expires is not None:
-                heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+            self._set_expiry_timer(msg, paged=True)
             self._paged_out(msg)
         msgs.clear()

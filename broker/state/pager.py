@@ -6,6 +6,7 @@ a write-ahead log. Keys, each prefixed by the queue's name and a NUL:
   o ORDER      the message (its packed record and bookmark), in delivery order
   b BOOKMARK   its ORDER
   s SEQ        its ORDER, in arrival order
+  t AT SEQ     a timer: the bookmark of the message due at AT (expiry), earliest first
 ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq.
 """
 
@@ -29,6 +30,7 @@ SEP = b"\x00"
 _SEQ = struct.Struct(">q")
 _LEN = struct.Struct("<H")
 PENDING_LIMIT = 4096  # puts held back before they are written
+_TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
 
 
 def order_key(order: tuple[float, int]) -> bytes:
@@ -66,6 +68,7 @@ class RocksPager:
         # prefix, so they do not wade through the deleted entries before it (a queue takes
         # from the front: RocksDB keeps tombstones until compaction).
         self._low: dict[str, bytes] = {}
+        self._timers_low: dict[str, bytes] = {}  # the same for the timers
         # Puts wait in one write batch until a read needs them (or it holds PENDING_LIMIT):
         # a queue fed faster than it drains pages out one message per arrival, and RocksDB
         # writes them together several times faster than one by one.
@@ -188,3 +191,32 @@ class RocksPager:
 
     def count(self, queue: str) -> int:
         return self._counts.get(queue, 0)
+
+    def add_timer(self, queue: str, at: int, seq: int, bm: Bookmark) -> None:
+        key = self._key(b"t", queue, _TIME.pack(at + _TIME_BIAS) + _SEQ.pack(seq))
+        low = self._timers_low.get(queue)
+        if low is not None and key < low:
+            self._timers_low[queue] = key
+        self._pending.put(key, str(bm).encode())
+        self._pending_items += 1
+        if self._pending_items >= PENDING_LIMIT:
+            self._flush()
+
+    def due_timers(self, queue: str, now: int, limit: int) -> list[tuple[int, int, Bookmark]]:
+        prefix = self._key(b"t", queue, b"")
+        out: list[tuple[int, int, Bookmark]] = []
+        batch = WriteBatch(raw_mode=True)
+        # (from below every live timer, not the prefix: the deleted ones are tombstones)
+        for key, value in self._scan(prefix, self._timers_low.get(queue, prefix)):
+            (biased,) = _TIME.unpack_from(key, len(prefix))
+            at = biased - _TIME_BIAS
+            if at > now or len(out) >= limit:
+                self._timers_low[queue] = key
+                break
+            (seq,) = _SEQ.unpack_from(key, len(prefix) + _TIME.size)
+            out.append((at, seq, Bookmark.parse(value.decode())))
+            batch.delete(key)
+            self._timers_low[queue] = key + b"\x00"
+        if out:
+            self._db.write(batch)
+        return out

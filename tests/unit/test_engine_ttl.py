@@ -4,6 +4,7 @@ min_ttl and lowered to max_ttl; a message past it leaves with reason `expired`."
 import pytest
 
 from broker.engine import events as ev
+from broker.engine.engine import Engine
 from broker.engine.queue import Message
 from broker.state.layout import decode_message, encode_message
 from broker.values import Bookmark
@@ -84,3 +85,18 @@ def test_its_own_expiry_is_stored_with_the_message():
     msg.expires_ms, msg.holder = None, "sub"
     back = decode_message(msg.bookmark, encode_message(msg))
     assert back.expires_ms is None and back.holder == "sub"
+
+
+def test_a_message_paged_out_and_back_in_still_expires():
+    """Its timer was set in the pager when it arrived behind others; refills brought it back
+    into memory, and nothing is paged out any more, before it was due."""
+    h = Harness(queue(dead_letter_topic="DLQ", lease_period="1h"), heartbeat_ms=10**9)
+    h.engine = Engine([queue(dead_letter_topic="DLQ", lease_period="1h")], 10**9, window=1)
+    a, b, c = arrive(h), arrive(h), arrive(h)  # three: the last two are paged out
+    d = arrive(h, b"30000")  # behind them: paged out at once, its timer in the pager
+    q = h.engine.queue("Q")
+    assert q.paged == 3
+    assert [bm for _, bm, _ in delivered(h.subscribe("w", backlog=3))] == [a, b, c]
+    q.refill()  # as the next dispatch begins
+    assert (q.paged, q.messages[d].state.value) == (0, "available")
+    assert expired_after(h, 30_000) == [d]

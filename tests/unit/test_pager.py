@@ -65,3 +65,23 @@ def test_the_rocksdb_pager_starts_empty(tmp_path):
     first.close()
     again = RocksPager(tmp_path / "pager", 32 << 20)
     assert again.count("Q") == 0 and again.take_first("Q", 5) == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_both_pagers_give_back_due_timers_alike_earliest_first(tmp_path, seed):
+    rng = random.Random(seed)
+    rocks, memory = RocksPager(tmp_path / "pager", 32 << 20), MemoryPager()
+    now = 0
+    for seq in range(500):
+        if rng.random() < 0.7:
+            at = now + rng.randrange(-50, 500) - 100  # (times before 0 too)
+            for p in (rocks, memory):
+                p.add_timer("Q", at, seq, Bookmark("T", 0, seq))
+        else:
+            now += rng.randrange(0, 100)
+            limit = rng.randrange(1, 30)
+            got = rocks.due_timers("Q", now, limit)
+            assert got == memory.due_timers("Q", now, limit)
+            assert got == sorted(got) and all(at <= now for at, _, _ in got)
+    assert rocks.due_timers("Q", 10**12, 10**6) == memory.due_timers("Q", 10**12, 10**6)
+    assert rocks.due_timers("other", 10**12, 5) == []
