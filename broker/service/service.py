@@ -45,6 +45,7 @@ from broker.service.metrics import Metrics
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
+from broker.service.topics import Topics
 from broker.state.layout import Checkpoint, Payload, load_payload
 from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
@@ -63,27 +64,6 @@ ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass
-class Topics:
-    prefix: str
-
-    @property
-    def commands(self) -> str:
-        return f"{self.prefix}.commands"
-
-    def commands_of(self, principal: str) -> str:
-        """A principal's own command topic: Kafka ACLs can let only that principal write it,
-        and the service takes every command on it as sent by that principal."""
-        return f"{self.prefix}.commands.{principal}"
-
-    @property
-    def journal(self) -> str:
-        return f"{self.prefix}.journal"
-
-    def deliver(self, client: str) -> str:
-        return f"{self.prefix}.deliver.{client}"
 
 
 @dataclass
