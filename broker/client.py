@@ -28,6 +28,7 @@ from confluent_kafka import TopicPartition
 
 from broker import wire
 from broker.errors import CommandError, KqError
+from broker.formats import decode
 from broker.kafka import clients
 from broker.packed import split_blob, unpack_array, unpack_payload
 from broker.values import CLIENT_NAME, Bookmark, Duration
@@ -82,11 +83,9 @@ def unpack_deliveries(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
                "headers": headers, "timestamp_ms": ts}
 
 
-def _decode_data(fmt: str, value: bytes | None) -> Any:
-    if fmt != "json" or value is None:
-        return None
+def _decode_data(fmt: str, value: bytes | None, schema: str | None) -> Any:
     try:
-        return json.loads(value)
+        return decode(fmt, value, schema)
     except ValueError:
         return None
 
@@ -96,6 +95,7 @@ class Subscription:
                  mode: str = "queue") -> None:
         self.client, self.queue, self.sub_id, self.backlog = client, queue, sub_id, backlog
         self.mode = mode  # "queue": leases; "browse": copies, the queue is left as it is
+        self.schema: str | None = None  # the queue's Avro schema (format = "avro")
         self._buffer: deque[Message] = deque()
         self.closed = False
 
@@ -340,9 +340,10 @@ class QueueClient:
         with the other fields in chunk 0), kept once all are in, rows in order."""
         sub = self._subs.get(body.get("sub_id") or "")
         if sub is not None and body.get("mode") in ("queue", "browse"):
-            # what the service made of it (a nondestructive queue only browses): known
-            # before the messages that follow the reply
+            # what the service made of it (a nondestructive queue only browses) and the
+            # queue's Avro schema: known before the messages that follow the reply
             sub.mode = body["mode"]
+            sub.schema = body.get("schema")
         chunks = body.get("chunks")
         if error is not None or not chunks:
             self._replies[rid] = (error, body)
@@ -370,7 +371,7 @@ class QueueClient:
             self._received.popitem(last=False)
         deadline = d["lease_deadline_ms"]
         sub._buffer.append(Message(
-            queue=queue, bookmark=d["bookmark"], data=_decode_data(fmt, d["value"]),
+            queue=queue, bookmark=d["bookmark"], data=_decode_data(fmt, d["value"], sub.schema),
             value=d["value"], key=d["key"], headers=d["headers"],
             delivery_count=d["delivery_count"],
             lease_deadline=None if deadline is None else deadline / 1000,

@@ -25,6 +25,7 @@ from pydantic import (
 
 from broker.errors import ConfigError, ExpressionError
 from broker.expr import compile_expression
+from broker.formats import load_schema
 from broker.values import CLIENT_NAME, Duration
 
 
@@ -58,7 +59,6 @@ NOT_SUPPORTED_YET = (
     "redelivery_delay",
     "redelivery_backoff",
     "max_redelivery_delay",
-    "schema",
 )
 
 
@@ -143,11 +143,17 @@ class QueueConfig(_Strict):
         if self.target_queue_depth is not None and self.barrier_expression is not None:
             raise ValueError("target_queue_depth is not allowed together with barrier_expression")
         for key in NOT_SUPPORTED_YET:
-            attr = "schema_" if key == "schema" else key
-            if getattr(self, attr) is not None:
+            if getattr(self, key) is not None:
                 raise ValueError(f"not supported yet: {key}")
-        if self.format == "avro":
-            raise ValueError("not supported yet: format = 'avro' (use 'json' or 'bytes')")
+        if self.format == "avro" and self.schema_ is None:
+            raise ValueError("format = 'avro' needs schema (the path of an .avsc file)")
+        if self.schema_ is not None and self.format != "avro":
+            raise ValueError(f"schema is for format = 'avro', not {self.format!r}")
+        if self.schema_ is not None:
+            try:
+                load_schema(self.schema_)  # readable, and an Avro schema
+            except ValueError as exc:
+                raise ValueError(f"schema {self.schema_!r}: {exc}") from None
         return self
 
     @field_validator("recovery_point")

@@ -35,6 +35,7 @@ from broker.engine.engine import Engine
 from broker.engine.transitions import Reason, Transition
 from broker.errors import CommandError, StateError
 from broker.expr import Doc
+from broker.formats import decode, load_schema
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command
 from broker.service.commit import Committer, Outbox, OutRecord
@@ -290,13 +291,13 @@ class Service:
         its headers (`bytes`: headers only). None for a payload that does not parse: every
         expression on it is NULL (no filter matches it, lowest priority, not a barrier), and
         it is counted."""
-        data = None
-        if self.engine.queues[queue].config.format == "json" and payload.value is not None:
-            try:
-                data = json.loads(payload.value)
-            except ValueError:
-                self.metrics.unparseable.labels(queue).inc()
-                return None
+        cfg = self.engine.queues[queue].config
+        try:
+            data = decode(cfg.format, payload.value,
+                          load_schema(cfg.schema_) if cfg.schema_ else None)
+        except ValueError:
+            self.metrics.unparseable.labels(queue).inc()
+            return None
         return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
     def _command(self, rec: KafkaMessage, principal: str | None, now: int,
@@ -378,6 +379,9 @@ class Service:
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:
+        q = self.engine.queues.get(body.get("queue", "")) if body and "sub_id" in body else None
+        if q is not None and q.config.schema_:  # a subscriber decodes msg.data with it
+            body = {**(body or {}), "schema": load_schema(q.config.schema_)}
         env = wire.encode("envelope", {
             "kind": "error" if error else "reply", "request_id": request_id,
             "body": json.dumps(body) if body is not None else None, "error": error,

@@ -46,6 +46,9 @@ def test_at_most_once_defaults_to_round_robin():
     (q(target_queue_depth=5, priority_levels=3), ["target_queue_depth", "priority_levels"]),
     (q(min_ttl="1m", max_ttl="30s"), ["queue 'ORDERS'", "min_ttl", "above max_ttl"]),
     (q(max_ttl="soon"), ["'max_ttl'", "bad duration"]),
+    (q(format="avro"), ["queue 'ORDERS'", "needs schema"]),
+    (q(format="avro", schema="/nonexistent/x.avsc"), ["cannot read schema /nonexistent/x.avsc"]),
+    (q(schema="x.avsc"), ["schema is for format = 'avro'"]),
     (q(priority_levels=1), ["queue 'ORDERS'", "'priority_levels'", "greater than or equal to 2"]),
     (q(priority_levels=11), ["'priority_levels'", "less than or equal to 10"]),
     (q(group_key="/g"), ["queue 'ORDERS'", "not supported yet: group_key"]),
@@ -106,3 +109,30 @@ def test_memory_budget_reads_sizes_and_refuses_too_little():
     message = error_of({"service": {"memory_budget": "1MB"}})
     assert "memory_budget" in message
     assert "memory_budget" in error_of({"service": {"memory_budget": "lots"}})
+
+
+def test_an_avro_queue_needs_a_schema_that_parses(tmp_path):
+    bad = tmp_path / "bad.avsc"
+    bad.write_text('{"type": "record", "name": "X", "fields": [{"name": "a"}]}')
+    with pytest.raises(ConfigError, match="schema '.*bad.avsc': not an Avro schema"):
+        parse_config(q(format="avro", schema=str(bad)))
+    good = tmp_path / "good.avsc"
+    good.write_text('{"type": "record", "name": "X", "fields": [{"name": "a", "type": "int"}]}')
+    assert parse_config(q(format="avro", schema=str(good))).queue[0].schema_ == str(good)
+
+
+def test_avro_payloads_decode_with_the_schema_and_bad_ones_say_so():
+    import io
+
+    import fastavro
+
+    from broker.formats import decode
+
+    schema = '{"type": "record", "name": "T", "fields": [{"name": "sym", "type": "string"}]}'
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(__import__("json").loads(schema)),
+                               {"sym": "IBM"})
+    assert decode("avro", out.getvalue(), schema) == {"sym": "IBM"}
+    with pytest.raises(ValueError, match="not Avro"):
+        decode("avro", b"\xff\xff\xff", schema)
+    assert decode("bytes", b"{}") is None and decode("json", b'{"a": 1}') == {"a": 1}
