@@ -133,9 +133,10 @@ class Dispatcher(EnginePart):
         barrier, if everything before it is finished. True when a barrier was sent."""
         front = list(q.available.values()[:WALK_FRONT])
         if self._walk(q, subs, barrier, front, now):
-            rest_from = front[-1].order if front else None
-            start = (q.clock_scan if rest_from is None
-                     else rest_from if q.clock_scan is None else max(q.clock_scan, rest_from))
+            # after the front, and after where the last walk stopped
+            marks = [o for o in (front[-1].order if front else None, q.clock_scan)
+                     if o is not None]
+            start = max(marks) if marks else None
             on: list[Message] = []
             if start is None or (q.available and start < q.available.peekitem(-1)[0]):
                 keys = (iter(q.available) if start is None

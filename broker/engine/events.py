@@ -16,7 +16,7 @@ class MessageArrived:
     timestamp_ms: int
     size: int = 0  # bytes of key, value and headers
     doc: Doc | None = None  # what expressions see of it (None: nothing, all NULL)
-    # its headers, when the queue's type reads them and `doc` may be None (e.g. kq-priority)
+    # its headers, even when `doc` is None (kq-expiration, kq-priority); None: doc's
     headers: Mapping[str, bytes | None] | None = None
 
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger("kq.memory")
 
 
 def _malloc_trim() -> object | None:

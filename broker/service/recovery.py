@@ -157,13 +157,11 @@ class _Replay:
     def _refetch_payloads(self) -> None:
         """Messages queued by the replayed batches have no stored payload yet: read them
         again from their topics."""
-        queued = {t.bookmark for t in self.cp.transitions
-                  if t.kind is Kind.ENQUEUED and t.bookmark is not None}
+        # queued here into a store that held nothing: no payload to look for
+        fresh = {t.bookmark for t in self.cp.transitions
+                 if t.kind is Kind.ENQUEUED} if self.empty else set()
         missing = {bm for (_, bm), msg in self.cp.messages.items() if msg is not None
-                   and not (self.empty and bm in queued) and load_payload(self.store, bm) is None}
-        if self.empty:
-            missing |= {bm for (_, bm), msg in self.cp.messages.items()
-                        if msg is not None and bm in queued}
+                   and (bm in fresh or load_payload(self.store, bm) is None)}
         if not missing:
             return
         found = fetch_records(self.fetcher, missing)

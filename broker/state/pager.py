@@ -75,6 +75,12 @@ class RocksPager:
         self._pending = WriteBatch(raw_mode=True)
         self._pending_items = 0
 
+    def _pended(self, n: int) -> None:
+        """`n` more puts wait in the batch: written once there are PENDING_LIMIT."""
+        self._pending_items += n
+        if self._pending_items >= PENDING_LIMIT:
+            self._flush()
+
     def _flush(self) -> None:
         if self._pending_items:
             self._db.write(self._pending)
@@ -116,9 +122,7 @@ class RocksPager:
             batch.put(b"o" + head + key, _LEN.pack(len(packed)) + packed + bm)
             batch.put(b"b" + head + bm, key)
             batch.put(b"s" + head + _SEQ.pack(seq), key)
-        self._pending_items += len(items)
-        if self._pending_items >= PENDING_LIMIT:
-            self._flush()
+        self._pended(len(items))
         self._counts[queue] = self._counts.get(queue, 0) + len(items)
 
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
@@ -198,9 +202,7 @@ class RocksPager:
         if low is not None and key < low:
             self._timers_low[queue] = key
         self._pending.put(key, str(bm).encode())
-        self._pending_items += 1
-        if self._pending_items >= PENDING_LIMIT:
-            self._flush()
+        self._pended(1)
 
     def due_timers(self, queue: str, now: int, limit: int) -> list[tuple[int, int, Bookmark]]:
         prefix = self._key(b"t", queue, b"")
