@@ -61,9 +61,17 @@ class Message:
         if not (self.is_barrier or self.browsed):  # barriers and copies need no ack
             self._client._ack_later(self.queue, self.bookmark)
 
-    def cancel(self) -> None:
-        if not self.browsed:
-            self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark])
+    def cancel(self, delay: str | None = None) -> None:
+        """Return the message to the queue; with `delay` (e.g. "30s") it is available again
+        only after that, instead of after the queue's redelivery delay."""
+        if self.browsed:
+            return
+        try:
+            delay_ms = Duration.parse(delay).ms if delay is not None else None
+        except ValueError as exc:
+            raise CommandError(f"bad delay: {exc}") from None
+        self._client._send("cancel", queue=self.queue, bookmarks=[self.bookmark],
+                           delay_ms=delay_ms)
 
     def expire(self) -> None:
         if not self.browsed:
@@ -250,7 +258,7 @@ class QueueClient:
         record: dict[str, Any] = {"type": kind, "client": self.name, "request_id": request_id,
                   "queue": None, "sub_id": None, "max_backlog": None, "filter": None,
                   "mode": None, "bookmarks": [], "query": None, "principal": self.principal,
-                  "replay_period_ms": None,
+                  "replay_period_ms": None, "delay_ms": None,
                   "sent_ms": int(time.time() * 1000)}
         record.update(fields)
         # Partition 0 always: the service reads commands in order from that one partition,

@@ -18,6 +18,7 @@ from pydantic import (
     ByteSize,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -52,13 +53,9 @@ NOT_SUPPORTED_YET = (
     "lvq_key",
     "group_key",
     "group_mode",
-    "hold_on_publish",
     "max_messages",
     "max_bytes",
     "overflow_policy",
-    "redelivery_delay",
-    "redelivery_backoff",
-    "max_redelivery_delay",
 )
 
 
@@ -93,7 +90,7 @@ class QueueConfig(_Strict):
     lvq_key: str | None = None
     group_key: str | None = None
     group_mode: Literal["sticky", "shared"] | None = None
-    hold_on_publish: bool | None = None
+    hold_on_publish: StrictBool = False  # honour kq-not-before (broker.engine.holds)
     max_messages: int | None = None
     max_bytes: int | None = None
     overflow_policy: Literal["none", "ring", "reject", "flow-control"] | None = None
@@ -101,8 +98,8 @@ class QueueConfig(_Strict):
     max_ttl: DurationField | None = None
     nondestructive: bool = False  # every subscription browses (Qpid)
     default_replay_period: DurationField | None = None  # a browser's replay_period by default
-    redelivery_delay: DurationField | None = None
-    redelivery_backoff: Literal["fixed", "exponential"] | None = None
+    redelivery_delay: DurationField | None = None  # a returned message waits (holds)
+    redelivery_backoff: Literal["fixed", "exponential"] = "fixed"
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
 
@@ -142,6 +139,17 @@ class QueueConfig(_Strict):
             raise ValueError("target_queue_depth is not allowed together with priority_levels")
         if self.target_queue_depth is not None and self.barrier_expression is not None:
             raise ValueError("target_queue_depth is not allowed together with barrier_expression")
+        if self.redelivery_backoff == "exponential" and not self.redelivery_delay:
+            raise ValueError("redelivery_backoff = 'exponential' needs redelivery_delay "
+                             "(the first delay, which then doubles)")
+        if self.max_redelivery_delay is not None and (
+                self.redelivery_backoff != "exponential"):
+            raise ValueError("max_redelivery_delay is the cap of redelivery_backoff = "
+                             "'exponential'; set that too, or drop it")
+        if (self.max_redelivery_delay is not None and self.redelivery_delay is not None
+                and self.max_redelivery_delay.ms < self.redelivery_delay.ms):
+            raise ValueError(f"max_redelivery_delay ({self.max_redelivery_delay}) is below "
+                             f"redelivery_delay ({self.redelivery_delay})")
         for key in NOT_SUPPORTED_YET:
             if getattr(self, key) is not None:
                 raise ValueError(f"not supported yet: {key}")

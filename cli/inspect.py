@@ -35,13 +35,15 @@ def ask(config: str | None, bootstrap: str | None, **args: Any) -> dict[str, Any
 
 def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
            json: JsonOpt = False) -> None:
-    """One row per queue: depth, available, leased, subscribers, oldest age, acked, removed."""
+    """One row per queue: depth, available, held, leased, subscribers, oldest age, acked,
+    removed."""
     rows = ask(config, bootstrap_servers, what="queues")["queues"]
     if json:
         print_json(rows)
         return
     render(console, QUEUE_COLUMNS, [
-        (r["queue"], str(r["depth"]), str(r["available"]), str(r["leased"]),
+        (r["queue"], str(r["depth"]), str(r["available"]), str(r.get("held", 0)),
+         str(r["leased"]),
          str(r["subscribers"]), age(r["oldest_age_ms"]), str(r["acked"]),
          str(r["dead_lettered"]), str(sum(r["removed"].values())), r["semantics"])
         for r in rows])
@@ -49,7 +51,8 @@ def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
 
 # dead: dead-lettered; subs: subscribers; semantics only when there is room
 QUEUE_COLUMNS = (Col("queue", key=True), Col("depth", number=True), Col("avail", number=True),
-                 Col("leased", number=True), Col("subs", number=True),
+                 Col("held", number=True, drop=5), Col("leased", number=True),
+                 Col("subs", number=True),
                  Col("oldest", number=True), Col("acked", number=True, drop=4),
                  Col("dead", number=True, drop=3), Col("removed", number=True, drop=2),
                  Col("semantics", drop=1))
@@ -58,7 +61,7 @@ QUEUE_COLUMNS = (Col("queue", key=True), Col("depth", number=True), Col("avail",
 def inspect(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
     state: Annotated[str | None, typer.Option(help="Only messages in this state: available, "
-                                               "leased or sent.")] = None,
+                                               "held, leased or sent.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many messages.")] = 100,
     filter: Annotated[str | None, typer.Option(
         "--filter", help="Only messages this expression matches, e.g. \"/sym = 'IBM'\".")] = None,
@@ -72,12 +75,13 @@ def inspect(
         return
     s = data["summary"]
     console.print(f"[bold]{queue}[/]: depth {s['depth']}, available {s['available']}, "
-                  f"leased {s['leased']}, acked {s['acked']}, removed {s['removed'] or 0}")
+                  f"held {s.get('held', 0)}, leased {s['leased']}, acked {s['acked']}, "
+                  f"removed {s['removed'] or 0}")
     now = time.time() * 1000
     render(console, MESSAGE_COLUMNS, [
         (m["bookmark"], m["state"], str(m["delivery_count"]), str(m["cancel_count"]),
          m["holder"] or "-",
-         age(max(0, int(m["lease_deadline_ms"] - now))) if m["lease_deadline_ms"] else "-",
+         until(m.get("not_before_ms") or m["lease_deadline_ms"], now),
          age(m["age_ms"]))
         for m in data["messages"]])
     shown = len(data["messages"])
@@ -89,7 +93,11 @@ def inspect(
         console.print(f"[dim]the oldest {shown} shown; --limit N for more[/]")
 
 
-# dlv: deliveries; cxl: cancels; lease: time left on the lease
+def until(at_ms: int | None, now: float) -> str:
+    return age(max(0, int(at_ms - now))) if at_ms else "-"
+
+
+# dlv: deliveries; cxl: cancels; lease: time left on the lease (held: until it is available)
 MESSAGE_COLUMNS = (Col("bookmark", key=True), Col("state"), Col("dlv", number=True),
                    Col("cxl", number=True), Col("holder", key=True),
                    Col("lease", number=True), Col("age", number=True, drop=1))

@@ -87,7 +87,8 @@ class Acks(EnginePart):
         elif msg.state is MessageState.AVAILABLE:
             self._reject(e.client, e.request_id, f"cancel {e.bookmark}: it is not leased")
         else:
-            self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1)
+            self._give_back(q, msg, now, Reason.CANCELLED, cancel_count=msg.cancel_count + 1,
+                            delay_ms=e.delay_ms)
 
     def _expire(self, e: ev.ExpireRequested, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id, e.principal)

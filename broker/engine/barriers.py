@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from sortedcontainers import SortedDict
+
+from broker.values import Bookmark
+
+if TYPE_CHECKING:
+    from broker.engine.message import Message
 
 
 class BarrierWaits:
@@ -61,3 +69,42 @@ class BarrierWaits:
         self.after = 0
         for seq in unfinished:
             self.count(seq, 1)
+
+
+class BarrierGroups:
+    """A part of `QueueState` (its base class): in a priority queue holding barriers, the
+    available messages behind each barrier, grouped by the nearest barrier before them
+    (`behind`), and those no barrier precedes (`ahead`, the only ones dispatch may take)."""
+
+    barriers: SortedDict
+    ahead: SortedDict | None
+    behind: dict[int, dict[Bookmark, Message]]
+    matching: dict[str, SortedDict]
+    fresh: list[Message]
+
+    def _barrier_before(self, seq: int) -> int:
+        """The seq of the nearest barrier queued before `seq` (-1: none)."""
+        i = self.barriers.bisect_left(seq)
+        return self.barriers.keys()[i - 1] if i else -1
+
+    def _hold_behind(self, msg: Message) -> bool:
+        """Put an available message in the group of the barrier before it, if there is one."""
+        before = self._barrier_before(msg.seq)
+        if before < 0:
+            return False
+        self.behind.setdefault(before, {})[msg.bookmark] = msg
+        return True
+
+    def _release_group(self, barrier_seq: int) -> None:
+        """A barrier left: what waited behind it waits behind the one before, or goes ahead."""
+        if self.ahead is None:
+            return
+        group = self.behind.pop(barrier_seq, {})
+        before = self._barrier_before(barrier_seq)
+        if before >= 0:
+            self.behind.setdefault(before, {}).update(group)
+            return
+        for msg in group.values():
+            self.ahead[msg.order] = msg
+            if self.matching:
+                self.fresh.append(msg)

@@ -109,8 +109,8 @@ class Dispatcher(EnginePart):
         fresh, q.fresh = q.fresh, []
         if q.matching:
             for msg in fresh:
-                if q.dispatchable.get(msg.order) is not msg:
-                    continue  # left again before anyone looked
+                if q.dispatchable.get(msg.order) is not msg or msg.is_barrier:
+                    continue  # left again before anyone looked; barriers have their rule
                 doc = self.doc_of(q, msg)
                 for text, index in q.matching.items():
                     if doc is not None and wanted[text].matches(doc):
@@ -119,8 +119,8 @@ class Dispatcher(EnginePart):
             if text not in q.matching:
                 q.filter_scan[text] = None
                 q.matching[text] = SortedDict(
-                    (order, m) for order, m in q.dispatchable.items()
-                    if (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
+                    (order, m) for order, m in q.dispatchable.items() if not m.is_barrier
+                    and (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
 
     def _dispatch_walking(self, q: QueueState, subs: list[Subscription],
                           barrier: Message | None, now: int) -> bool:
@@ -195,8 +195,8 @@ class Dispatcher(EnginePart):
                     break
                 looked += 1
                 shown = msg.seq
-                if msg.state is MessageState.SENT:
-                    continue  # at-most-once: gone from the queue
+                if msg.state is MessageState.SENT or msg.not_before_ms is not None:
+                    continue  # at-most-once: gone from the queue; or held, not shown yet
                 if b.filter is None or b.wants(self.doc_of(q, msg, now)):
                     self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
                                              msg.delivery_count, None, msg.is_barrier, msg.seq))

@@ -24,6 +24,7 @@ from broker.engine.effects import (
     Reply,
     Resume,
 )
+from broker.engine.holds import hold_until, redelivery_delay_ms
 from broker.engine.paging import MemoryPager, Pager
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
@@ -214,7 +215,10 @@ class Engine(Timers, Dispatcher, Acks):
         barrier = e.doc is not None and q.barrier is not None and q.barrier.matches(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
                                   timestamp_ms=ts, priority=priority, barrier=barrier,
-                                  deadline_ms=own_expiry(q.config, ts, headers)))
+                                  deadline_ms=own_expiry(q.config, ts, headers),
+                                  # (a barrier goes by its own rule: never held)
+                                  not_before_ms=None if barrier else hold_until(q.config, now,
+                                                                                headers)))
         if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
         if msg is not None and msg.bookmark in q.pending_acks:
@@ -290,8 +294,9 @@ class Engine(Timers, Dispatcher, Acks):
         self._do(Transition(Kind.UNSUBSCRIBED, q.name, now, sub_id=sub.sub_id, client=sub.client))
 
     def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
-                   cancel_count: int | None = None) -> None:
-        """A lease ends without an ack: the message returns, or leaves by policy."""
+                   cancel_count: int | None = None, delay_ms: int | None = None) -> None:
+        """A lease ends without an ack: the message returns (after its redelivery delay:
+        `delay_ms`, else the queue's), or leaves by policy."""
         if msg.state is MessageState.SENT:
             self._do(Transition(Kind.RELEASED, q.name, now, msg.bookmark, reason=reason.value))
             return
@@ -308,8 +313,12 @@ class Engine(Timers, Dispatcher, Acks):
         if why is not None:
             self._remove(q, msg, now, why, cancel_count=cc)
         else:
+            delay = delay_ms if delay_ms is not None else (
+                redelivery_delay_ms(q.config, msg.delivery_count)
+                if reason in (Reason.CANCELLED, Reason.LAPSED) else 0)  # (a close: at once)
             self._do(Transition(Kind.RETURNED, q.name, now, msg.bookmark, cancel_count=cc,
-                                reason=reason.value))
+                                reason=reason.value,
+                                not_before_ms=now + delay if delay > 0 else None))
 
     def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
                 cancel_count: int | None = None) -> None:
@@ -341,6 +350,7 @@ class Engine(Timers, Dispatcher, Acks):
                 now: int) -> None:
         """Load one queue's stored state (messages first, then their subscriptions)."""
         self.queues[queue].restore(messages)
+        self.queues[queue].release_due(now)  # held until a moment that passed meanwhile
         self._restore_subs(subs, now)
 
     def restore_stored(self, queue: str, records: Iterable[tuple[str, bytes]],
@@ -348,6 +358,7 @@ class Engine(Timers, Dispatcher, Acks):
                        now: int) -> None:
         """`restore` from the store's records as they are (see QueueState.restore_stored)."""
         self.queues[queue].restore_stored(records, load)
+        self.queues[queue].release_due(now)
         self._restore_subs(subs, now)
 
     def _restore_subs(self, subs: Iterable[Transition], now: int) -> None:

@@ -71,6 +71,7 @@ class Cancelled:
     bookmark: Bookmark
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
+    delay_ms: int | None = None  # available again after this (None: the queue's delay)
 
 
 @dataclass(frozen=True, slots=True)

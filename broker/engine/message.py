@@ -32,6 +32,7 @@ class Message:
         "doc",
         "is_barrier",
         "expires_ms",
+        "not_before_ms",
     )
 
     def __init__(
@@ -60,6 +61,8 @@ class Message:
         self.is_barrier = False
         # its own expiry (broker.engine.ttl), or None: the queue's `expiration`, if any
         self.expires_ms: int | None = None
+        # held until then (broker.engine.holds), or None: available when not leased
+        self.not_before_ms: int | None = None
 
     @property
     def order(self) -> Any:

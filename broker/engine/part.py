@@ -38,7 +38,7 @@ class EnginePart:
         raise NotImplementedError
 
     def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,
-                   cancel_count: int | None = None) -> None:
+                   cancel_count: int | None = None, delay_ms: int | None = None) -> None:
         raise NotImplementedError
 
     def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,

@@ -15,7 +15,8 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
-from broker.engine.barriers import BarrierWaits
+from broker.engine.barriers import BarrierGroups, BarrierWaits
+from broker.engine.holding import Holding
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
 from broker.engine.ordering import ByArrival, ordering_of
 from broker.engine.paging import Pager
@@ -31,7 +32,7 @@ from broker.values import Bookmark
 NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
 
 
-class QueueState(Window):
+class QueueState(Window, Holding, BarrierGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
@@ -48,6 +49,9 @@ class QueueState(Window):
         # Every unfinished message held in memory (all but the paged-out available ones).
         self.messages: dict[Bookmark, Message] = {}
         self.available: SortedDict = SortedDict()  # Message.order -> Message, in memory
+        # Held until their not_before_ms (broker.engine.holding), in `messages` too
+        self.held: dict[Bookmark, Message] = {}
+        self.hold_timers: list[tuple[int, int, Bookmark]] = []
         self.subs: dict[str, Subscription] = {}  # consumers, in subscription order
         self.browsers: dict[str, Subscription] = {}
         self.stats = QueueStats()
@@ -69,10 +73,11 @@ class QueueState(Window):
         self.behind: dict[int, dict[Bookmark, Message]] = {}
         # Barrier queues: how many unfinished messages each barrier waits for
         self.waits: BarrierWaits | None = BarrierWaits() if config.barrier_expression else None
-        # Per subscription filter (by text): the available messages it matches, in delivery
-        # order, so a filtered subscription finds its next message without walking the
-        # queue. Kept by the dispatcher: messages made available since it last looked wait
-        # in `fresh`; a message leaving the available ones leaves every index at once.
+        # Per subscription filter (by text): the available messages it matches (barriers
+        # aside: they go by their own rule), in delivery order, so a filtered subscription
+        # finds its next message without walking the queue. Kept by the dispatcher: messages
+        # made available since it last looked wait in `fresh`; a message leaving the
+        # available ones leaves every index at once.
         self.matching: dict[str, SortedDict] = {}
         self.fresh: list[Message] = []
         self.clock_checked_ms = 0  # when filters reading NOW() last looked again
@@ -113,8 +118,8 @@ class QueueState(Window):
         return msg.timestamp_ms + exp.ms if exp else None
 
     def depth(self) -> int:
-        """Messages still in the queue: available and leased (sent ones have left)."""
-        return len(self.available) + self.paged + self.leased_count()
+        """Messages still in the queue: available, held and leased (sent ones have left)."""
+        return len(self.available) + self.paged + len(self.held) + self.leased_count()
 
     def available_count(self) -> int:
         return len(self.available) + self.paged
@@ -139,7 +144,8 @@ class QueueState(Window):
     def leased_count(self) -> int:
         # at-least-once queues hold only available and leased messages; at-most-once ones
         # only available and sent (which have left the queue)
-        return 0 if self.config.at_most_once else len(self.messages) - len(self.available)
+        held = len(self.available) + len(self.held)
+        return 0 if self.config.at_most_once else len(self.messages) - held
 
     @property
     def full(self) -> bool:
@@ -233,6 +239,7 @@ class QueueState(Window):
             msg.priority = t.priority if self.ranked else None
             msg.is_barrier = t.barrier
             msg.expires_ms = t.deadline_ms  # (ENQUEUED: its own expiry)
+            msg.not_before_ms = t.not_before_ms
             self.messages[t.bookmark] = msg
             self._count_in(msg)
             tp = (t.bookmark.topic, t.bookmark.partition)
@@ -270,6 +277,7 @@ class QueueState(Window):
                 heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
             self.stats.delivered += 1
         elif new_state is MessageState.AVAILABLE:
+            msg.not_before_ms = t.not_before_ms  # (RETURNED: a redelivery delay)
             self._make_available(msg)
         else:  # terminal
             del self.messages[msg.bookmark]  # its entry in offsets goes when it reaches the front
@@ -328,6 +336,9 @@ class QueueState(Window):
 
     def _make_available(self, msg: Message) -> None:
         msg.holder = msg.deadline_ms = None
+        if msg.not_before_ms is not None:
+            self._hold(msg)  # not available yet
+            return
         if self.paged and not msg.is_barrier and msg.order > self._floor:
             self._page_out(msg)  # others come first: it waits among them
             self._set_expiry_timer(msg, paged=True)
@@ -359,6 +370,8 @@ class QueueState(Window):
     def _leave(self, msg: Message) -> None:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
+            if self._unhold(msg):
+                return  # it was held: in none of the available ones' indexes
             self.available.pop(msg.order, None)
 
             if (self.ahead is not None and not msg.is_barrier
@@ -370,30 +383,3 @@ class QueueState(Window):
             sub = self.subs.get(msg.holder)
             if sub is not None:
                 sub.held.discard(msg.bookmark)
-
-    def _barrier_before(self, seq: int) -> int:
-        """The seq of the nearest barrier queued before `seq` (-1: none)."""
-        i = self.barriers.bisect_left(seq)
-        return self.barriers.keys()[i - 1] if i else -1
-
-    def _hold_behind(self, msg: Message) -> bool:
-        """Put an available message in the group of the barrier before it, if there is one."""
-        before = self._barrier_before(msg.seq)
-        if before < 0:
-            return False
-        self.behind.setdefault(before, {})[msg.bookmark] = msg
-        return True
-
-    def _release_group(self, barrier_seq: int) -> None:
-        """A barrier left: what waited behind it waits behind the one before, or goes ahead."""
-        if self.ahead is None:
-            return
-        group = self.behind.pop(barrier_seq, {})
-        before = self._barrier_before(barrier_seq)
-        if before >= 0:
-            self.behind.setdefault(before, {}).update(group)
-            return
-        for msg in group.values():
-            self.ahead[msg.order] = msg
-            if self.matching:
-                self.fresh.append(msg)

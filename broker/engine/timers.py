@@ -25,6 +25,8 @@ class Timers(EnginePart):
         for q in self.queues.values():
             self._lapse_leases(q, now)
             self._expire_available(q, now)
+            if q.hold_timers and q.release_due(now):
+                self._touched.add(q.name)  # held messages became available
             if any(b.looked_upto < q.stats.next_seq - 1 for b in q.browsers.values()):
                 self._touched.add(q.name)  # browsers still catching up
             if (q.available and now - q.clock_checked_ms >= CLOCK_RECHECK_MS

@@ -79,3 +79,4 @@ class Transition:
     barrier: bool = False  # ENQUEUED: the queue's barrier expression matched it
     browse: bool = False  # SUBSCRIBED: a browser (copies, no leases); seq: where it starts
     principal: str | None = None  # SUBSCRIBED: who subscribed, under [auth]
+    not_before_ms: int | None = None  # ENQUEUED, RETURNED: held until then (engine.holds)

@@ -160,7 +160,8 @@ class Window:
                     unfinished.append(msg.seq)
             if msg.is_barrier:
                 self.barriers[msg.seq] = msg
-            if msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager:
+            if (msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager
+                    and msg.not_before_ms is None):
                 first, seq = msg.order
                 heapq.heappush(best, (-first, -seq, msg))
                 if len(best) > self.window:
@@ -203,8 +204,9 @@ class Window:
             head = message_head(data)
             if head is None or (head[3] is not None and not self.ranked):
                 msg = load(bm_text, data)  # an older layout, or a priority no longer used
-                if msg.state is not MessageState.AVAILABLE or msg.is_barrier:
-                    others.append(msg)
+                if (msg.state is not MessageState.AVAILABLE or msg.is_barrier
+                        or msg.not_before_ms is not None):
+                    others.append(msg)  # not for the pager
                     continue
                 msg.priority = msg.priority if self.ranked else None
                 item: bytes | Message = msg

@@ -68,7 +68,10 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
         case "ack_where":
             return [ev.AckWhere(client, queue, c["filter"] or "", rid, who)]
         case "cancel":
-            return [ev.Cancelled(client, queue, b, rid, who) for b in bookmarks]
+            delay = c["delay_ms"]
+            if delay is not None and delay < 0:
+                return [Invalid(client, rid, f"a cancel's delay must be >= 0 ms, not {delay}")]
+            return [ev.Cancelled(client, queue, b, rid, who, delay) for b in bookmarks]
         case "expire":
             return [ev.ExpireRequested(client, queue, b, rid, who) for b in bookmarks]
         case "query":

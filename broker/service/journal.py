@@ -60,7 +60,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("sub_id", "str"), ("client", "str"), ("delivery_count", "int32"),
     ("cancel_count", "int32"), ("deadline_ms", "int64?"), ("reason", "str"), ("seq", "int64"),
     ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
-    ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"))
+    ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"),
+    ("not_before_ms", "int64?"))  # (added later: empty in older parts, read as all NULL)
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
@@ -95,12 +96,19 @@ def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "bool":
             values.append([b == 1 for b in cols[name]])
         elif kind.endswith("?"):
-            values.append([v if s else None for v, s in zip(
-                unpack_array(_CODE[kind], cols[name]), cols[f"{name}_set"], strict=True)])
+            values.append(_nullable(cols, name, _CODE[kind]))
         else:
             values.append(list(unpack_array(_CODE[kind], cols[name])))
     names = [name for name, _ in COLUMNS]
     return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def _nullable(cols: dict[str, Any], name: str, code: str) -> list[Any]:
+    """A nullable number column; all NULL in a part written before the column existed."""
+    if not cols[name] and cols["count"]:
+        return [None] * cols["count"]
+    return [v if s else None for v, s in zip(unpack_array(code, cols[name]),
+                                             cols[f"{name}_set"], strict=True)]
 
 
 def transitions_of(part: Part) -> list[dict[str, Any]]:
@@ -118,7 +126,7 @@ def transition_from(r: dict[str, Any]) -> Transition:
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
         filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
-        principal=r["principal"],
+        principal=r["principal"], not_before_ms=r.get("not_before_ms"),
     )
 
 
@@ -142,16 +150,13 @@ def transitions_in(part: Part) -> list[Transition]:
     def strs(name: str) -> list[str | None]:
         return [text[i + 1] for i in unpack_array("i", cols[name])]
 
-    def nullable(name: str, code: str) -> list[Any]:
-        return [v if s else None for v, s in zip(unpack_array(code, cols[name]),
-                                                 cols[f"{name}_set"], strict=True)]
-
     rows = zip(kinds, strs("queue"), unpack_array("q", cols["at_ms"]),
                [bookmark(i) for i in unpack_array("i", cols["bookmark"])], strs("sub_id"),
                strs("client"), unpack_array("i", cols["delivery_count"]),
-               unpack_array("i", cols["cancel_count"]), nullable("deadline_ms", "q"),
+               unpack_array("i", cols["cancel_count"]), _nullable(cols, "deadline_ms", "q"),
                strs("reason"), unpack_array("q", cols["seq"]),
                unpack_array("q", cols["timestamp_ms"]), unpack_array("i", cols["max_backlog"]),
-               strs("filter"), nullable("priority", "d"), [b == 1 for b in cols["barrier"]],
-               [b == 1 for b in cols["browse"]], strs("principal"), strict=True)
+               strs("filter"), _nullable(cols, "priority", "d"), [b == 1 for b in cols["barrier"]],
+               [b == 1 for b in cols["browse"]], strs("principal"),
+               _nullable(cols, "not_before_ms", "q"), strict=True)
     return [Transition(*row) for row in rows]  # type: ignore[arg-type]

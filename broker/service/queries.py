@@ -20,6 +20,7 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
         "depth": q.depth(),
         "available": q.available_count(),
         "leased": q.leased_count(),
+        "held": len(q.held),
         "subscribers": subscribers,
         "oldest_age_ms": None if oldest is None else max(0, now - oldest),
         "enqueued": q.stats.enqueued,
@@ -30,6 +31,7 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
     }
 
 
+HELD = "held"  # not a state of the machine: an available message not due yet (engine.holds)
 PositionsOf = Callable[[str], dict[tuple[str, int], int]]
 SNAPSHOT = "snapshot"  # answered between batches, by `snapshot`, not by `answer`
 SNAPSHOT_ROWS_PER_REPLY = 5_000
@@ -95,12 +97,19 @@ FILTER_SCAN_LIMIT = 1_000
 def _candidates(q: QueueState, state: str | None) -> Iterator[Message]:
     """The queue's messages in seq order, narrowed to a state without walking the queue
     where it can: leased and sent ones are what the subscriptions hold."""
+    if state == HELD:
+        return iter(sorted(q.held.values(), key=lambda m: m.seq))
     if state in (MessageState.LEASED, MessageState.SENT):
         held = (q.messages[bm] for sub in q.subs.values() for bm in sub.held
                 if bm in q.messages)
         return (m for m in sorted(held, key=lambda m: m.seq) if m.state == state)
     # in seq order; for "available" this skips only leased ones
-    return (m for m in q.by_seq() if state is None or m.state == state)
+    return (m for m in q.by_seq() if state is None or shown_state(m) == state)
+
+
+def shown_state(m: Message) -> str:
+    """A message's state as `kq inspect` shows it: available ones still held are `held`."""
+    return HELD if m.not_before_ms is not None else m.state.value
 
 
 def _inspect(engine: Engine, args: dict[str, Any], now: int,
@@ -110,7 +119,7 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
     if q is None:
         raise CommandError(f"unknown queue {name!r} (known queues: {', '.join(engine.queues)})")
     state = args.get("state") or None
-    if state and state not in (s.value for s in MessageState):
+    if state and state not in (HELD, *(s.value for s in MessageState)):
         raise CommandError(f"unknown state {state!r}")
     limit = int(args.get("limit") or 100)
     if limit < 1:
@@ -135,10 +144,11 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
                 continue
         holder = engine.subs.get(m.holder) if m.holder else None
         rows.append({
-            "bookmark": str(m.bookmark), "state": m.state.value, "seq": m.seq,
+            "bookmark": str(m.bookmark), "state": shown_state(m), "seq": m.seq,
             "age_ms": max(0, now - m.timestamp_ms), "delivery_count": m.delivery_count,
             "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
             "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms, "priority": m.priority,
+            "not_before_ms": m.not_before_ms,
         })
     points = q.recovery_points(positions(name))
     return {

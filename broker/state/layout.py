@@ -30,8 +30,10 @@ from broker.packed import (
     HAS_EXPIRY,
     HAS_HOLDER,
     HAS_PRIORITY,
+    HELD,
     MESSAGE,
     MESSAGE_TAG,
+    NOT_BEFORE,
     is_packed_payload,
     pack_payload,
     unpack_payload,
@@ -115,12 +117,15 @@ assert _STATES[AVAILABLE_CODE] is MessageState.AVAILABLE
 def encode_message(m: Message) -> bytes:
     flags = ((m.deadline_ms is not None and HAS_DEADLINE) | (m.priority is not None
              and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
-             and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY))
+             and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY)
+             | (m.not_before_ms is not None and HELD))
     head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
                          m.delivery_count, m.cancel_count, m.deadline_ms or 0,
                          m.priority or 0.0, flags)
     if m.expires_ms is not None:
         head += EXPIRY.pack(m.expires_ms)
+    if m.not_before_ms is not None:
+        head += NOT_BEFORE.pack(m.not_before_ms)
     return head + m.holder.encode() if m.holder is not None else head
 
 
@@ -133,12 +138,17 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     if flags & HAS_EXPIRY:
         (expires,) = EXPIRY.unpack_from(data, rest)
         rest += EXPIRY.size
+    not_before = None
+    if flags & HELD:
+        (not_before,) = NOT_BEFORE.unpack_from(data, rest)
+        rest += NOT_BEFORE.size
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
                   data[rest:].decode() if flags & HAS_HOLDER else None,
                   deadline if flags & HAS_DEADLINE else None)
     msg.priority = priority if flags & HAS_PRIORITY else None
     msg.is_barrier = bool(flags & BARRIER)
     msg.expires_ms = expires
+    msg.not_before_ms = not_before
     return msg
 
 

@@ -56,7 +56,12 @@ QUEUES = {
                  max_per_subscription_backlog=3),
     "PRIO2": queue("PRIO2", priority="/p", lease_period=Duration(3000), leasing="permissive"),
     "LEV": queue("LEV", priority_levels=3, lease_period=Duration(3000)),
+    # kq-not-before honoured; returns wait 1 s, 2 s, 4 s, ... at most 5 s
+    "HOLD": queue("HOLD", hold_on_publish=True, lease_period=Duration(3000),
+                  redelivery_delay=Duration(1000), redelivery_backoff="exponential",
+                  max_redelivery_delay=Duration(5000)),
 }
+HOLDS = [None, None, 0, 500, 1500, 7000]  # kq-not-before: none, or this long after arrival
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
 KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO and BAR
 
@@ -78,6 +83,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.amo_sent: set[Bookmark] = set()
         self.delivered: list[tuple[str, str, Bookmark]] = []
         self.browsed: set[tuple[str, Bookmark]] = set()
+        # HOLD: when each message is due, as computed here from what was published and done
+        self.due: dict[Bookmark, int] = {}
+        self.ever_held: set[Bookmark] = set()  # browsers skip a message while it is held
+        self.delays: dict[Bookmark, int] = {}  # an explicit cancel delay, asked for
 
     def _engine(self) -> Engine:
         engine = Engine(QUEUES.values(), heartbeat_timeout_ms=8000, window=self.window,
@@ -100,6 +109,7 @@ class QueueMachine(RuleBasedStateMachine):
                 self.browsed.add((e.sub_id, e.bookmark))
             elif isinstance(e, Deliver) and not e.is_barrier:
                 key = (e.queue, e.bookmark)
+                assert self.due.get(e.bookmark, 0) <= self.now, "delivered while held"
                 assert self.holder.get(key) == e.sub_id, "delivered without a journaled lease"
                 self.delivered.append((e.client, e.queue, e.bookmark))
                 if e.queue == "AMO":
@@ -115,10 +125,29 @@ class QueueMachine(RuleBasedStateMachine):
                     self.holder[key] = t.sub_id
                 elif t.kind in (Kind.ACKED, Kind.RETURNED, Kind.REMOVED, Kind.RELEASED):
                     self.holder.pop(key, None)
+                self._expect_hold(t)
                 if t.kind is Kind.ENQUEUED:
                     self.enqueued[t.queue] += 1
                 elif t.kind in (Kind.ACKED, Kind.REMOVED, Kind.RELEASED):
                     self.finished[t.queue] += 1
+
+    def _expect_hold(self, t) -> None:
+        """The moment a transition holds a message until is the one SPEC 4 and 6 give."""
+        if t.kind is Kind.RETURNED:
+            msg = self.engine.queues[t.queue].find(t.bookmark)
+            asked = self.delays.pop(t.bookmark, None)
+            if asked is None and t.queue == "HOLD" and t.reason in ("cancelled", "lapsed"):
+                asked = min(1000 * 2 ** (msg.delivery_count - 1), 5000)
+            expected = self.now + asked if asked else None
+        elif t.kind is Kind.ENQUEUED and t.queue == "HOLD":
+            raw = HEADERS[t.bookmark].get("kq-not-before")
+            expected = int(raw) if raw is not None and int(raw) > self.now else None
+        else:
+            return
+        assert t.not_before_ms == expected, f"{t} held until {t.not_before_ms}, not {expected}"
+        if expected is not None:
+            self.due[t.bookmark] = expected
+            self.ever_held.add(t.bookmark)
 
     def _check_order(self, effects: list) -> None:
         """Each delivered message was the best available one its subscription wants: nothing
@@ -148,7 +177,8 @@ class QueueMachine(RuleBasedStateMachine):
                 continue
             if first is not None:
                 assert msg.seq < first.seq, f"{msg} delivered while barrier {first} waits"
-            for other in (m for m in q.by_seq() if m.state.value == "available"):
+            for other in (m for m in q.by_seq() if m.state.value == "available"
+                          and m.not_before_ms is None):
                 if other.is_barrier or (first is not None and other.seq > first.seq):
                     continue  # a barrier, or held behind one
                 if rank(e.queue, other) < rank(e.queue, msg):
@@ -159,10 +189,12 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(q=st.sampled_from(sorted(QUEUES)),
           ps=st.lists(st.one_of(st.none(), st.integers(0, 5), st.just("text")), min_size=1,
                       max_size=4),
-          kind=st.sampled_from(KINDS), parses=st.booleans())
-    def publish(self, q: str, ps: list, kind: str, parses: bool) -> None:
+          kind=st.sampled_from(KINDS), parses=st.booleans(), hold=st.sampled_from(HOLDS))
+    def publish(self, q: str, ps: list, kind: str, parses: bool, hold: int | None) -> None:
         for p in ps:
             headers = {} if p is None else {"kq-priority": str(p).encode()}
+            if hold is not None:
+                headers["kq-not-before"] = str(self.now + hold).encode()
             payload = Doc({"p": p, "kind": kind}, headers) if parses else None
             # three partitions, and record timestamps out of arrival order, as Kafka gives them
             bm = Bookmark("T", self.offset % 3, self.offset)
@@ -190,7 +222,8 @@ class QueueMachine(RuleBasedStateMachine):
         else:
             self._run(ev.Subscribed(c, f"{c}-{q}-browse", q, 1, "r", f, browse=True))
 
-    @rule(i=st.integers(0, 50), how=st.sampled_from(["ack", "cancel", "expire", "wrong-ack"]))
+    @rule(i=st.integers(0, 50), how=st.sampled_from(["ack", "cancel", "expire", "wrong-ack",
+                                                     "cancel-later"]))
     def act_on_a_delivery(self, i: int, how: str) -> None:
         if not self.delivered:
             return
@@ -198,8 +231,12 @@ class QueueMachine(RuleBasedStateMachine):
         if how == "wrong-ack":
             c = CLIENTS[(CLIENTS.index(c) + 1) % len(CLIENTS)]
         event = {"ack": ev.Acked(c, q, (bm,)), "wrong-ack": ev.Acked(c, q, (bm,)),
-                 "cancel": ev.Cancelled(c, q, bm), "expire": ev.ExpireRequested(c, q, bm)}[how]
+                 "cancel": ev.Cancelled(c, q, bm), "expire": ev.ExpireRequested(c, q, bm),
+                 "cancel-later": ev.Cancelled(c, q, bm, delay_ms=2500)}[how]
+        if how == "cancel-later":
+            self.delays[bm] = 2500
         self._run(event)
+        self.delays.pop(bm, None)  # (taken by the return, or refused)
 
     @rule()
     def restart(self) -> None:
@@ -208,7 +245,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.engine = self._engine()
         load_engine(self.store, self.engine, self.now)
 
-    @rule(ms=st.integers(0, 6000), beat=st.sets(st.sampled_from(CLIENTS)))
+    # (small steps too: a message released a millisecond early must show)
+    @rule(ms=st.one_of(st.integers(0, 6000), st.sampled_from([1, 499, 500])),
+          beat=st.sets(st.sampled_from(CLIENTS)))
     def time_passes(self, ms: int, beat: set[str]) -> None:
         self.now += ms
         for c in sorted(beat):
@@ -228,7 +267,8 @@ class QueueMachine(RuleBasedStateMachine):
         for q in self.engine.queues.values():
             for b in q.browsers.values():
                 passed = [m for m in q.by_seq() if m.seq <= b.cursor
-                          and m.state.value != "sent" and b.wants(doc(m))]
+                          and m.state.value != "sent" and b.wants(doc(m))
+                          and m.bookmark not in self.ever_held]
                 assert all((b.sub_id, m.bookmark) in self.browsed for m in passed), \
                     "a browser passed a queued message without being shown it"
 
@@ -255,11 +295,21 @@ class QueueMachine(RuleBasedStateMachine):
             assert seqs == sorted(seqs), "inspect pages read the messages in seq order"
 
     @invariant()
+    def held_ones_are_not_due_yet(self) -> None:
+        """Released on time: whatever is still held is due later (time moves only with a
+        tick), and the engine holds exactly the ones the model says."""
+        for q in self.engine.queues.values():
+            for m in q.held.values():
+                assert m.not_before_ms > self.now and self.due[m.bookmark] == m.not_before_ms
+            assert all(m.state.value != "available" or m.not_before_ms is None
+                       or m.bookmark in q.held for m in q.messages.values())
+
+    @invariant()
     def nothing_waits_that_someone_with_room_wants(self) -> None:
         for q in self.engine.queues.values():
             first = q.first_barrier()
             free = [m for m in q.by_seq() if m.state.value == "available"
-                    and (first is None or m.seq < first.seq)]
+                    and m.not_before_ms is None and (first is None or m.seq < first.seq)]
             for s in q.subs.values():
                 if s.room > 0 and s.client not in self.engine.unconfirmed:
                     assert not any(s.wants(doc(m)) for m in free), \

@@ -116,3 +116,22 @@ def test_messages_with_their_own_expiry_still_expire_after_a_restart(tmp_path, w
         q = engine.queues["Q"]
         assert [m.bookmark.offset for m in q.by_seq()] == [0, 2, 4]
         assert q.stats.removed["expired"] == 2
+
+
+@pytest.mark.parametrize("window", [1, 10_000])
+def test_held_messages_are_held_again_after_a_restart_until_their_moment(tmp_path, window):
+    from broker.engine import events as ev
+
+    store = MemoryStore()
+    for seq in range(6):
+        msg = Message(Bookmark("T", 0, seq), seq, NOW)
+        msg.not_before_ms = NOW + 1_000 * seq if seq % 2 else None  # 1 s, 3 s, 5 s
+        store.write({message_key("Q", msg.bookmark): encode_message(msg)}, [])
+    for pager in (MemoryPager(), RocksPager(tmp_path / f"pager{window}", 32 << 20)):
+        engine = Engine([queue("Q", hold_on_publish=True)], pager=pager, window=window)
+        load_engine(store, engine, NOW + 1_000)  # the first one's moment has come
+        q = engine.queues["Q"]
+        assert sorted(bm.offset for bm in q.held) == [3, 5]
+        assert (q.depth(), q.available_count()) == (6, 4)
+        engine.handle(ev.Tick(), NOW + 4_999)
+        assert sorted(bm.offset for bm in q.held) == [5]
