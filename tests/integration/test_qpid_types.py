@@ -2,6 +2,7 @@
 
 import json
 import signal
+import time
 
 import pytest
 
@@ -115,3 +116,40 @@ def test_an_avro_queue_filters_orders_and_decodes_with_its_schema(bootstrap, tmp
             got = drain(c.subscribe(name, filter="/sym = 'IBM'", max_backlog=5), 2)
         assert [m.data for m in got] == [{"sym": "IBM", "urgency": 5},
                                          {"sym": "IBM", "urgency": 1}]
+
+
+def test_held_and_delayed_messages_wait_their_time_without_blocking_across_a_kill(
+        bootstrap, tmp_path):
+    """Hold until (kq-not-before with hold_on_publish) and redelivery delay: a held message
+    is shown as held, survives kill -9 held, and is delivered only when due; the message
+    behind it is not blocked; a cancelled one comes back after the queue's delay, or after
+    the one msg.cancel(delay=...) asks for."""
+    with serving_one_queue(bootstrap, tmp_path, "HOLD", 'hold_on_publish = true\n'
+                           'redelivery_delay = "2s"\nlease_period = "1h"\n') as (
+                               name, cfg, prefix, serve):
+        due = int(time.time() * 1000) + 6_000
+        (held,) = publish(bootstrap, name, [b'{"n": 1}'], key=b"k",
+                          headers=[("kq-not-before", str(due).encode())])
+        (free,) = publish(bootstrap, name, [b'{"n": 2}'], key=b"k")
+        wait_for(lambda: enqueued(cfg) == 2, what="both enqueued")
+        serve.proc.send_signal(signal.SIGKILL)
+        serve.wait_exit()
+        serve.start()  # the moment comes back from RocksDB
+        rows = json.loads(kq("inspect", name, "--config", str(cfg), "--json").stdout)
+        assert {m["bookmark"]: (m["state"], m["not_before_ms"]) for m in rows["messages"]} == {
+            held: ("held", due), free: ("available", None)}
+        assert rows["summary"]["held"] == 1
+        with QueueClient(bootstrap, topic_prefix=prefix) as c:
+            sub = c.subscribe(name, max_backlog=5)
+            (first,) = drain(sub, 1)
+            assert first.bookmark == free  # not blocked by the held one
+            cancelled = time.time()
+            first.cancel()  # redelivery_delay: 2 s
+            got = {m.bookmark: (m, time.time()) for m in drain(sub, 2, timeout=20)}
+            assert set(got) == {held, free}
+            assert got[held][1] * 1000 >= due  # never early
+            assert got[free][1] - cancelled >= 2.0 and got[free][0].delivery_count == 2
+            again = time.time()
+            got[held][0].cancel(delay="1500ms")  # this one's own delay
+            (back,) = drain(sub, 1)
+            assert back.bookmark == held and time.time() - again >= 1.5
