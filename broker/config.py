@@ -50,12 +50,8 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 NOT_SUPPORTED_YET = (
     "sort_key",
     "missing_sort_key",
-    "lvq_key",
     "group_key",
     "group_mode",
-    "max_messages",
-    "max_bytes",
-    "overflow_policy",
 )
 
 
@@ -91,9 +87,9 @@ class QueueConfig(_Strict):
     group_key: str | None = None
     group_mode: Literal["sticky", "shared"] | None = None
     hold_on_publish: StrictBool = False  # honour kq-not-before (broker.engine.holds)
-    max_messages: int | None = None
-    max_bytes: int | None = None
-    overflow_policy: Literal["none", "ring", "reject", "flow-control"] | None = None
+    max_messages: int | None = Field(None, ge=1)
+    max_bytes: int | None = Field(None, ge=1)  # key + value + headers (broker.engine.admission)
+    overflow_policy: Literal["none", "ring", "reject", "flow-control"] = "none"
     min_ttl: DurationField | None = None
     max_ttl: DurationField | None = None
     nondestructive: bool = False  # every subscription browses (Qpid)
@@ -103,7 +99,7 @@ class QueueConfig(_Strict):
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
 
-    @field_validator("priority", "barrier_expression")
+    @field_validator("priority", "barrier_expression", "lvq_key")
     @classmethod
     def _expression_compiles(cls, value: str | None) -> str | None:
         if value is not None:
@@ -150,6 +146,7 @@ class QueueConfig(_Strict):
                 and self.max_redelivery_delay.ms < self.redelivery_delay.ms):
             raise ValueError(f"max_redelivery_delay ({self.max_redelivery_delay}) is below "
                              f"redelivery_delay ({self.redelivery_delay})")
+        self._admission_rules()
         for key in NOT_SUPPORTED_YET:
             if getattr(self, key) is not None:
                 raise ValueError(f"not supported yet: {key}")
@@ -163,6 +160,25 @@ class QueueConfig(_Strict):
             except ValueError as exc:
                 raise ValueError(f"schema {self.schema_!r}: {exc}") from None
         return self
+
+    def _admission_rules(self) -> None:
+        """Last-value and size-limited queues: what they may not be combined with."""
+        # Qpid refuses a queue that is two of priority, sorted and last-value; a limit
+        # needs a policy that says what happens over it, and TargetQueueDepth bounds the
+        # queue its own way
+        for other in ("priority", "priority_levels", "sort_key", "target_queue_depth"):
+            if self.lvq_key is not None and getattr(self, other) is not None:
+                raise ValueError(f"lvq_key is not allowed together with {other}")
+        limited = self.max_messages is not None or self.max_bytes is not None
+        if limited and self.overflow_policy == "none":
+            raise ValueError("max_messages and max_bytes need an overflow_policy (ring, "
+                             "reject or flow-control) saying what happens over them")
+        if not limited and self.overflow_policy != "none":
+            raise ValueError(f"overflow_policy = {self.overflow_policy!r} needs max_messages "
+                             "or max_bytes")
+        if limited and self.target_queue_depth is not None:
+            raise ValueError("max_messages and max_bytes are not allowed together with "
+                             "target_queue_depth")
 
     @field_validator("recovery_point")
     @classmethod

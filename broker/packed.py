@@ -68,22 +68,24 @@ def is_packed_payload(data: bytes) -> bool:
 # long), so records of earlier versions are still read.
 MESSAGE_TAG = b"\xc3\x02"
 MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
-HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD = 1, 2, 4, 8, 16, 32
-# After the fixed part, each when flagged: its own expiry (HAS_EXPIRY), then the moment it
-# is held until (HELD)
+HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD, HAS_SIZE = (
+    1, 2, 4, 8, 16, 32, 64)
+# After the fixed part, each when flagged: its own expiry (HAS_EXPIRY), the moment it is
+# held until (HELD), its size (HAS_SIZE)
 EXPIRY = struct.Struct("<q")
 NOT_BEFORE = struct.Struct("<q")
+SIZE = struct.Struct("<q")
 AVAILABLE_CODE = 0  # the first of broker.engine.states.MessageState
 
 
 def message_head(data: bytes) -> tuple[int, int, int, float | None, bool] | None:
     """(seq, timestamp_ms, state code, priority, is_barrier) of a packed message record
     without building the message; None for one to decode in full: in an earlier (Avro)
-    layout, or with an expiry of its own or held (their timers are set from the message)."""
+    layout, or with an expiry of its own, held, or sized (set from the message)."""
     if data[:2] != MESSAGE_TAG:
         return None
     _, seq, ts, state, _, _, _, priority, flags = MESSAGE.unpack_from(data)
-    if flags & (HAS_EXPIRY | HELD):
+    if flags & (HAS_EXPIRY | HELD | HAS_SIZE):
         return None
     return seq, ts, state, priority if flags & HAS_PRIORITY else None, bool(flags & BARRIER)
 

@@ -195,8 +195,9 @@ class Dispatcher(EnginePart):
                     break
                 looked += 1
                 shown = msg.seq
-                if msg.state is MessageState.SENT or msg.not_before_ms is not None:
-                    continue  # at-most-once: gone from the queue; or held, not shown yet
+                if (msg.state is MessageState.SENT or msg.not_before_ms is not None
+                        or self._replaced_since(q, msg)):
+                    continue  # at-most-once: gone; held: not yet; or an older last value
                 if b.filter is None or b.wants(self.doc_of(q, msg, now)):
                     self._out.append(Deliver(b.client, b.sub_id, q.name, msg.bookmark,
                                              msg.delivery_count, None, msg.is_barrier, msg.seq))

@@ -75,4 +75,15 @@ class Resume:
     queue: str
 
 
-Effect = Journal | Deliver | DeadLetter | Reply | CommandRejected | Defer | Resume
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """overflow_policy = flow-control: the record to write to PREFIX.flow (SPEC 5)."""
+
+    queue: str
+    state: str  # "pause" | "resume"
+    depth: int
+    bytes: int
+    at_ms: int
+
+
+Effect = Journal | Deliver | DeadLetter | Reply | CommandRejected | Defer | Resume | Flow

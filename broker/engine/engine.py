@@ -14,6 +14,7 @@ from broker.config import QueueConfig
 from broker.engine import events as ev
 from broker.engine import queue as queue_module
 from broker.engine.acks import Acks
+from broker.engine.admission import Admission
 from broker.engine.dispatch import Dispatcher
 from broker.engine.effects import (
     CommandRejected,
@@ -26,7 +27,7 @@ from broker.engine.effects import (
 )
 from broker.engine.holds import hold_until, redelivery_delay_ms
 from broker.engine.paging import MemoryPager, Pager
-from broker.engine.queue import Message, QueueState, Subscription
+from broker.engine.queue import NOT_DEAD_LETTERED, Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.timers import Timers
 from broker.engine.transitions import Kind, Reason, Transition
@@ -38,7 +39,7 @@ from broker.values import Bookmark
 DocLoader = Callable[[str, Bookmark], Doc | None]
 
 
-class Engine(Timers, Dispatcher, Acks):
+class Engine(Timers, Dispatcher, Acks, Admission):
     def __init__(self, queues: Iterable[QueueConfig], heartbeat_timeout_ms: int = 10_000,
                  max_message_bytes: int = 1_000_000,
                  auth: dict[str, str] | None = None,
@@ -109,6 +110,8 @@ class Engine(Timers, Dispatcher, Acks):
             if q.deferring and not q.full:
                 q.deferring = False
                 self._out.append(Resume(name))
+            if q.config.overflow_policy == "flow-control":
+                self._check_flow(q, now)
         return self._out
 
     def use_pager(self, pager: Pager) -> None:
@@ -218,7 +221,8 @@ class Engine(Timers, Dispatcher, Acks):
                                   deadline_ms=own_expiry(q.config, ts, headers),
                                   # (a barrier goes by its own rule: never held)
                                   not_before_ms=None if barrier else hold_until(q.config, now,
-                                                                                headers)))
+                                                                                headers),
+                                  size=e.size if q.config.max_bytes is not None else None))
         if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
         if msg is not None and msg.bookmark in q.pending_acks:
@@ -227,6 +231,8 @@ class Engine(Timers, Dispatcher, Acks):
         if e.size > self.max_message_bytes and msg is not None:
             # it could never be delivered: account for it at once instead of retrying forever
             self._remove(q, msg, now, Reason.TOO_LARGE)
+        elif msg is not None:
+            self._admit(q, msg, e.doc, now)  # last value, size limits (engine.admission)
 
     def _subscribe(self, e: ev.Subscribed, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id, e.principal)
@@ -310,6 +316,8 @@ class Engine(Timers, Dispatcher, Acks):
             why = Reason.MAX_DELIVERIES
         elif expires is not None and expires <= now:
             why = Reason.EXPIRED
+        elif self._replaced_since(q, msg):
+            why = Reason.REPLACED  # a last-value queue has a newer one with its key
         if why is not None:
             self._remove(q, msg, now, why, cancel_count=cc)
         else:
@@ -324,7 +332,7 @@ class Engine(Timers, Dispatcher, Acks):
                 cancel_count: int | None = None) -> None:
         cc = msg.cancel_count if cancel_count is None else cancel_count
         dc = msg.delivery_count
-        if q.config.dead_letter_topic:
+        if q.config.dead_letter_topic and why.value not in NOT_DEAD_LETTERED:
             # Copied before the removal is journaled: a crash between them duplicates, not loses.
             self._out.append(DeadLetter(q.name, msg.bookmark, q.config.dead_letter_topic,
                                         why.value, dc, cc))

@@ -33,6 +33,7 @@ class Message:
         "is_barrier",
         "expires_ms",
         "not_before_ms",
+        "size",
     )
 
     def __init__(
@@ -63,6 +64,7 @@ class Message:
         self.expires_ms: int | None = None
         # held until then (broker.engine.holds), or None: available when not leased
         self.not_before_ms: int | None = None
+        self.size = 0  # bytes of key, value and headers, kept when the queue has max_bytes
 
     @property
     def order(self) -> Any:

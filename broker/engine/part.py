@@ -44,3 +44,6 @@ class EnginePart:
     def _remove(self, q: QueueState, msg: Message, now: int, why: Reason,
                 cancel_count: int | None = None) -> None:
         raise NotImplementedError
+
+    def _replaced_since(self, q: QueueState, msg: Message) -> bool:
+        raise NotImplementedError

@@ -27,9 +27,10 @@ from broker.errors import StateError
 from broker.expr import compile_expression
 from broker.values import Bookmark
 
-# Removals that copy nothing to the dead-letter topic: a barrier leaves once sent, and a
-# reset starts the queue again from its recovery point.
-NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value})
+# Removals that copy nothing to the dead-letter topic: a barrier leaves once sent, a reset
+# starts the queue again from its recovery point, and a last value is replaced by design.
+NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value,
+                               Reason.REPLACED.value})
 
 
 class QueueState(Window, Holding, BarrierGroups):
@@ -40,7 +41,10 @@ class QueueState(Window, Holding, BarrierGroups):
         # what may go next is spread through the order (they keep every message in memory).
         self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)
         self.ranked = not isinstance(self.ordering, ByArrival)
-        self.pager = None if self.ranked and config.barrier_expression else pager
+        # Nor ranked ring queues (their victim, the oldest of the lowest priority, is found in
+        # memory; their limits bound them anyway).
+        self.pager = None if self.ranked and (config.barrier_expression or
+                                              config.overflow_policy == "ring") else pager
         self.window = max(1, window)
         self.paged = 0  # available messages paged out
         self._floor: Any = None  # the delivery order of the first of them
@@ -55,6 +59,11 @@ class QueueState(Window, Holding, BarrierGroups):
         self.subs: dict[str, Subscription] = {}  # consumers, in subscription order
         self.browsers: dict[str, Subscription] = {}
         self.stats = QueueStats()
+        self.byte_count = 0  # of the messages in the queue, when it has max_bytes
+        # Last-value queues: the newest message per key (the one named may have left since);
+        self.lvq_key = compile_expression(config.lvq_key) if config.lvq_key else None
+        self.latest: dict[Any, Bookmark] | None = None  # None: to build (engine.admission)
+        self.flow_paused: bool | None = None  # flow-control: what PREFIX.flow said last
         self.rr_last: str | None = None  # round-robin cursor: sub_id served last
         # Where the queue starts in its topics: as configured, and as a time (records older
         # than start_ms are not enqueued; 0 for earliest). None until first configured.
@@ -101,6 +110,11 @@ class QueueState(Window, Holding, BarrierGroups):
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def needs_doc(self) -> bool:
+        """Whether arrivals are judged by their payload (the service decodes it then)."""
+        return self.ordering.needs_doc or self.barrier is not None or self.lvq_key is not None
 
     @property
     def dispatchable(self) -> SortedDict:
@@ -185,9 +199,7 @@ class QueueState(Window, Holding, BarrierGroups):
 
     def clear_before(self, barrier: Message) -> bool:
         """Whether every message before the barrier is acknowledged or removed."""
-        if self.waits is None:  # not a barrier queue: only tests ask
-            return not any(m.seq < barrier.seq and m.state is not MessageState.SENT
-                           for m in self.by_seq())
+        assert self.waits is not None  # (barriers are in barrier queues only)
         return self.waits.clear(barrier.seq)
 
     def oldest_timestamp(self) -> int | None:
@@ -240,6 +252,8 @@ class QueueState(Window, Holding, BarrierGroups):
             msg.is_barrier = t.barrier
             msg.expires_ms = t.deadline_ms  # (ENQUEUED: its own expiry)
             msg.not_before_ms = t.not_before_ms
+            msg.size = t.size or 0
+            self.byte_count += msg.size
             self.messages[t.bookmark] = msg
             self._count_in(msg)
             tp = (t.bookmark.topic, t.bookmark.partition)
@@ -263,6 +277,7 @@ class QueueState(Window, Holding, BarrierGroups):
         if msg.state is not MessageState.SENT and (new_state in TERMINAL
                                                    or new_state is MessageState.SENT):
             self.timestamps.remove(msg.timestamp_ms)  # it has finished
+            self.byte_count -= msg.size
             if self.waits is not None and not msg.is_barrier:
                 self.waits.count(msg.seq, -1)
         msg.state = new_state

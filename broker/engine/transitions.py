@@ -55,6 +55,9 @@ class Reason(StrEnum):
     RESET = "reset"  # the queue's recovery point changed: it starts again from the new one
     TOO_LARGE = "too-large"  # bigger than the largest record kq may deliver
     BARRIER_SENT = "barrier-sent"  # a barrier leaves the queue once sent, without an ack
+    REPLACED = "replaced"  # last-value queue: a newer message with the same key came
+    OVERFLOW = "overflow"  # over max_messages / max_bytes with overflow_policy = reject
+    OVERFLOW_RING = "overflow-ring"  # the oldest available, over a limit with ring
 
 
 # Not frozen, though nothing changes one once made: one is built per transition, and a frozen
@@ -80,3 +83,4 @@ class Transition:
     browse: bool = False  # SUBSCRIBED: a browser (copies, no leases); seq: where it starts
     principal: str | None = None  # SUBSCRIBED: who subscribed, under [auth]
     not_before_ms: int | None = None  # ENQUEUED, RETURNED: held until then (engine.holds)
+    size: int | None = None  # ENQUEUED, with max_bytes: key + value + headers

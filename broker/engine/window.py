@@ -53,6 +53,7 @@ class Window:
     lease_timers: list[tuple[int, int, Bookmark]]
     expiry_timers: list[tuple[int, int, Bookmark]]
     ranked: bool
+    byte_count: int
 
     @property
     def name(self) -> str:
@@ -156,6 +157,7 @@ class Window:
             offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
             if msg.state is not MessageState.SENT:
                 self.timestamps.add(msg.timestamp_ms)
+                self.byte_count += msg.size
                 if not msg.is_barrier:
                     unfinished.append(msg.seq)
             if msg.is_barrier:
@@ -209,6 +211,7 @@ class Window:
                     others.append(msg)  # not for the pager
                     continue
                 msg.priority = msg.priority if self.ranked else None
+                self.byte_count += msg.size
                 item: bytes | Message = msg
                 seq, ts, first = msg.seq, msg.timestamp_ms, msg.order[0]
             elif head[2] != AVAILABLE_CODE or head[4]:

@@ -61,7 +61,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("cancel_count", "int32"), ("deadline_ms", "int64?"), ("reason", "str"), ("seq", "int64"),
     ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
     ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"),
-    ("not_before_ms", "int64?"))  # (added later: empty in older parts, read as all NULL)
+    # (added later: empty in older parts, read as all NULL)
+    ("not_before_ms", "int64?"), ("size", "int64?"))
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
@@ -126,7 +127,7 @@ def transition_from(r: dict[str, Any]) -> Transition:
         cancel_count=r["cancel_count"], deadline_ms=r["deadline_ms"], reason=r["reason"],
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
         filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
-        principal=r["principal"], not_before_ms=r.get("not_before_ms"),
+        principal=r["principal"], not_before_ms=r.get("not_before_ms"), size=r.get("size"),
     )
 
 
@@ -158,5 +159,6 @@ def transitions_in(part: Part) -> list[Transition]:
                unpack_array("q", cols["timestamp_ms"]), unpack_array("i", cols["max_backlog"]),
                strs("filter"), _nullable(cols, "priority", "d"), [b == 1 for b in cols["barrier"]],
                [b == 1 for b in cols["browse"]], strs("principal"),
-               _nullable(cols, "not_before_ms", "q"), strict=True)
+               _nullable(cols, "not_before_ms", "q"), _nullable(cols, "size", "q"),
+               strict=True)
     return [Transition(*row) for row in rows]  # type: ignore[arg-type]

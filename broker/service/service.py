@@ -27,6 +27,7 @@ from broker.engine.effects import (
     DeadLetter,
     Defer,
     Deliver,
+    Flow,
     Journal,
     Reply,
     Resume,
@@ -116,7 +117,7 @@ class Service:
         svc = self.config.service
         clients.check_reachable(self.bootstrap, self.kafka_extra)
         self._admin = clients.admin(self.bootstrap, self.kafka_extra)
-        clients.ensure_topics(self._admin, list(self._command_topics))
+        clients.ensure_topics(self._admin, [*self._command_topics, self.topics.flow])
         # The journal is the state: a new queue state is rebuilt from all of it.
         clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
         budget = int(svc.memory_budget)
@@ -272,8 +273,7 @@ class Service:
         for name in queues:
             q = self.engine.queues[name]
             # decoded now only for the queue's own expressions; filters decode on demand
-            needs = q.ordering.needs_doc or q.barrier is not None
-            doc = self._doc(name, payload, now) if needs else None
+            doc = self._doc(name, payload, now) if q.needs_doc else None
             # headers even when the payload does not parse: kq-expiration, kq-priority
             self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, headers_seen),
                       now, batch)
@@ -337,6 +337,12 @@ class Service:
                     self.inputs.block(queue, bm.topic, bm.partition)
                 case Resume(queue=queue):
                     batch.resumes.add(queue)
+                case Flow():  # after the journal, with the deliveries (SPEC 5)
+                    batch.outbox.deliveries.append(OutRecord(
+                        self.topics.flow, json.dumps({
+                            "queue": effect.queue, "state": effect.state,
+                            "depth": effect.depth, "bytes": effect.bytes,
+                            "at_ms": effect.at_ms}).encode(), effect.queue.encode()))
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)

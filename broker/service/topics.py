@@ -24,3 +24,8 @@ class Topics:
 
     def deliver(self, client: str) -> str:
         return f"{self.prefix}.deliver.{client}"
+
+    @property
+    def flow(self) -> str:
+        """Pause and resume records of flow-controlled queues, keyed by queue name."""
+        return f"{self.prefix}.flow"

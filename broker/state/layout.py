@@ -30,10 +30,12 @@ from broker.packed import (
     HAS_EXPIRY,
     HAS_HOLDER,
     HAS_PRIORITY,
+    HAS_SIZE,
     HELD,
     MESSAGE,
     MESSAGE_TAG,
     NOT_BEFORE,
+    SIZE,
     is_packed_payload,
     pack_payload,
     unpack_payload,
@@ -118,7 +120,7 @@ def encode_message(m: Message) -> bytes:
     flags = ((m.deadline_ms is not None and HAS_DEADLINE) | (m.priority is not None
              and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
              and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY)
-             | (m.not_before_ms is not None and HELD))
+             | (m.not_before_ms is not None and HELD) | (m.size > 0 and HAS_SIZE))
     head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
                          m.delivery_count, m.cancel_count, m.deadline_ms or 0,
                          m.priority or 0.0, flags)
@@ -126,6 +128,8 @@ def encode_message(m: Message) -> bytes:
         head += EXPIRY.pack(m.expires_ms)
     if m.not_before_ms is not None:
         head += NOT_BEFORE.pack(m.not_before_ms)
+    if m.size > 0:
+        head += SIZE.pack(m.size)
     return head + m.holder.encode() if m.holder is not None else head
 
 
@@ -142,6 +146,10 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     if flags & HELD:
         (not_before,) = NOT_BEFORE.unpack_from(data, rest)
         rest += NOT_BEFORE.size
+    size = 0
+    if flags & HAS_SIZE:
+        (size,) = SIZE.unpack_from(data, rest)
+        rest += SIZE.size
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
                   data[rest:].decode() if flags & HAS_HOLDER else None,
                   deadline if flags & HAS_DEADLINE else None)
@@ -149,6 +157,7 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     msg.is_barrier = bool(flags & BARRIER)
     msg.expires_ms = expires
     msg.not_before_ms = not_before
+    msg.size = size
     return msg
 
 

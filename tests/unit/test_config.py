@@ -54,7 +54,16 @@ def test_at_most_once_defaults_to_round_robin():
     (q(group_key="/g"), ["queue 'ORDERS'", "not supported yet: group_key"]),
     (q(barrier_expression="/b ="), ["queue 'ORDERS'", "'barrier_expression'", "column"]),
     (q(priority="/p = "), ["queue 'ORDERS'", "'priority'", "column 6"]),
-    (q(lvq_key="/k"), ["not supported yet: lvq_key"]),
+    (q(lvq_key="/k", priority="/p"), ["queue 'ORDERS'", "lvq_key", "priority"]),
+    (q(lvq_key="/k", priority_levels=3), ["lvq_key", "priority_levels"]),
+    (q(lvq_key="/k", target_queue_depth=3), ["lvq_key", "target_queue_depth"]),
+    (q(lvq_key="/k ="), ["'lvq_key'", "column"]),
+    (q(max_messages=10), ["max_messages and max_bytes need an overflow_policy"]),
+    (q(overflow_policy="ring"), ["overflow_policy = 'ring' needs max_messages or max_bytes"]),
+    (q(max_messages=0, overflow_policy="ring"), ["'max_messages'", "greater than or equal"]),
+    (q(max_bytes=100, overflow_policy="drop"), ["'overflow_policy'"]),
+    (q(max_messages=10, overflow_policy="reject", target_queue_depth=5),
+     ["max_messages and max_bytes", "target_queue_depth"]),
     (q(missing_sort_key="last"), ["not supported yet: missing_sort_key"]),
     (q(max_redelivery_delay="1m"), ["queue 'ORDERS'", "max_redelivery_delay",
                                     "redelivery_backoff = 'exponential'"]),
@@ -93,7 +102,8 @@ def test_the_example_config_is_valid():
 
     cfg = load_config(Path(__file__).parents[2] / "ops" / "queues.example.toml")
     assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS", "TICKETS",
-                                           "PRICES"}
+                                           "PRICES", "REMINDERS", "POSITIONS", "METRICS",
+                                           "UPLOADS", "EVENTS"}
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("5m", 300_000),

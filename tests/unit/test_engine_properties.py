@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from broker.engine import events as ev
-from broker.engine.effects import Deliver, Journal
+from broker.engine.effects import Deliver, Flow, Journal
 from broker.engine.engine import Engine
 from broker.engine.paging import MemoryPager
 from broker.engine.transitions import Kind
@@ -60,6 +60,11 @@ QUEUES = {
     "HOLD": queue("HOLD", hold_on_publish=True, lease_period=Duration(3000),
                   redelivery_delay=Duration(1000), redelivery_backoff="exponential",
                   max_redelivery_delay=Duration(5000)),
+    "LVQ": queue("LVQ", lvq_key="/p", lease_period=Duration(3000)),  # NULL /p: no key
+    "RING": queue("RING", max_messages=4, overflow_policy="ring", lease_period=Duration(3000)),
+    "REJ": queue("REJ", max_messages=3, overflow_policy="reject", lease_period=Duration(3000)),
+    "FLOW": queue("FLOW", max_messages=3, overflow_policy="flow-control",
+                  lease_period=Duration(3000)),
 }
 HOLDS = [None, None, 0, 500, 1500, 7000]  # kq-not-before: none, or this long after arrival
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
@@ -87,6 +92,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.due: dict[Bookmark, int] = {}
         self.ever_held: set[Bookmark] = set()  # browsers skip a message while it is held
         self.delays: dict[Bookmark, int] = {}  # an explicit cancel delay, asked for
+        self.flow: str | None = None  # the last FLOW record
+        self.restarted = False
 
     def _engine(self) -> Engine:
         engine = Engine(QUEUES.values(), heartbeat_timeout_ms=8000, window=self.window,
@@ -103,6 +110,10 @@ class QueueMachine(RuleBasedStateMachine):
         cp.write(self.store, self.engine)
         self._check_order(effects)
         for e in effects:
+            if isinstance(e, Flow):
+                # (a start says where the queue stands, whatever was said before)
+                assert e.state != self.flow or self.restarted, "the same flow record twice"
+                self.flow, self.restarted = e.state, False
             if isinstance(e, Deliver) and e.sub_id.endswith("-browse"):
                 assert e.lease_deadline_ms is None
                 assert (e.sub_id, e.bookmark) not in self.browsed, "a browser shown it twice"
@@ -244,6 +255,7 @@ class QueueMachine(RuleBasedStateMachine):
         go on (their subscriptions were stored); every invariant must still hold."""
         self.engine = self._engine()
         load_engine(self.store, self.engine, self.now)
+        self.restarted = True
 
     # (small steps too: a message released a millisecond early must show)
     @rule(ms=st.one_of(st.integers(0, 6000), st.sampled_from([1, 499, 500])),
@@ -303,6 +315,22 @@ class QueueMachine(RuleBasedStateMachine):
                 assert m.not_before_ms > self.now and self.due[m.bookmark] == m.not_before_ms
             assert all(m.state.value != "available" or m.not_before_ms is None
                        or m.bookmark in q.held for m in q.messages.values())
+
+    @invariant()
+    def last_value_and_size_limits_hold(self) -> None:
+        """LVQ: at most one available message per key (leased older ones may stay); ring and
+        reject: never above the limit; flow-control: paused over it, resumed at 80%."""
+        lvq = self.engine.queues["LVQ"]
+        keys = [p for m in lvq.by_seq() if m.state.value == "available"
+                and (p := (doc(m).data.get("p") if doc(m) is not None else None)) is not None]
+        assert len(keys) == len(set(keys)), f"two available with one key: {keys}"
+        assert self.engine.queues["RING"].depth() <= 4
+        assert self.engine.queues["REJ"].depth() <= 3
+        depth = self.engine.queues["FLOW"].depth()
+        if depth > 3:
+            assert self.flow == "pause"
+        elif depth <= 2 and self.flow is not None:
+            assert self.flow == "resume"
 
     @invariant()
     def nothing_waits_that_someone_with_room_wants(self) -> None:
