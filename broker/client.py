@@ -31,6 +31,7 @@ from broker.errors import CommandError, KqError
 from broker.formats import decode
 from broker.kafka import clients
 from broker.packed import split_blob, unpack_array, unpack_payload
+from broker.publisher import Publisher  # noqa: F401 - part of this module's API (SPEC 5)
 from broker.values import CLIENT_NAME, Bookmark, Duration
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]

@@ -17,6 +17,7 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
     return {
         "queue": q.name,
         "semantics": q.config.semantics,
+        "underlying_topic": q.config.topic_regex.pattern,
         "depth": q.depth(),
         "available": q.available_count(),
         "leased": q.leased_count(),

@@ -6,14 +6,25 @@ import time
 
 import pytest
 
-from broker.client import QueueClient
-from tests.integration.kit import drain, kq, publish, serving_one_queue, wait_for
+from broker.client import Publisher, QueueClient
+from broker.errors import KqError
+from tests.integration.kit import drain, kq, publish, read_topic, serving_one_queue, wait_for
 
 pytestmark = pytest.mark.integration
 
 
+def row(cfg) -> dict:
+    return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+
+
 def enqueued(cfg) -> int:
-    return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]["enqueued"]
+    return row(cfg)["enqueued"]
+
+
+def killed_and_started(serve) -> None:
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.wait_exit()
+    serve.start()
 
 
 def test_a_priority_levels_queue_delivers_by_the_kq_priority_header_across_a_kill(
@@ -153,3 +164,69 @@ def test_held_and_delayed_messages_wait_their_time_without_blocking_across_a_kil
             got[held][0].cancel(delay="1500ms")  # this one's own delay
             (back,) = drain(sub, 1)
             assert back.bookmark == held and time.time() - again >= 1.5
+
+
+def test_a_last_value_queue_keeps_the_newest_per_key_across_a_kill(bootstrap, tmp_path):
+    """LVQ: a newer message replaces the available one with its key (removed as replaced,
+    not dead-lettered); after kill -9 the keys are known again; a browser sees the latest."""
+    with serving_one_queue(bootstrap, tmp_path, "LVQ", 'lvq_key = "/acct"\n'
+                           'dead_letter_topic = "LVQ_DLQ"\n') as (name, cfg, prefix, serve):
+        values = [{"acct": "A", "v": 1}, {"acct": "B", "v": 1}, {"acct": "A", "v": 2}]
+        publish(bootstrap, name, [json.dumps(v).encode() for v in values], key=b"k")
+        wait_for(lambda: enqueued(cfg) == 3, what="all three enqueued")
+        assert (row(cfg)["depth"], row(cfg)["removed"], row(cfg)["dead_lettered"]) == (
+            2, {"replaced": 1}, 0)
+        killed_and_started(serve)
+        publish(bootstrap, name, [b'{"acct": "A", "v": 3}'], key=b"k")
+        wait_for(lambda: row(cfg)["removed"].get("replaced") == 2, what="A v2 replaced")
+        with QueueClient(bootstrap, topic_prefix=prefix) as c:
+            seen = drain(c.subscribe(name, mode="browse"), 2)
+            assert sorted((m.data["acct"], m.data["v"]) for m in seen) == [("A", 3), ("B", 1)]
+            got = drain(c.subscribe(name, max_backlog=5), 2)
+        assert [(m.data["acct"], m.data["v"]) for m in got] == [("B", 1), ("A", 3)]
+
+
+def test_ring_and_reject_keep_a_queue_within_its_limits_across_a_kill(bootstrap, tmp_path):
+    """Ring: the oldest available leave (overflow-ring, dead-lettered); the limit and the
+    counts hold after kill -9."""
+    with serving_one_queue(bootstrap, tmp_path, "RING", 'max_messages = 3\n'
+                           'overflow_policy = "ring"\ndead_letter_topic = "RING_DLQ"\n') as (
+                               name, cfg, prefix, serve):
+        sent = publish(bootstrap, name, [b'{"n": %d}' % n for n in range(5)], key=b"k")
+        wait_for(lambda: enqueued(cfg) == 5, what="all five enqueued")
+        assert (row(cfg)["depth"], row(cfg)["removed"]) == (3, {"overflow-ring": 2})
+        killed_and_started(serve)
+        publish(bootstrap, name, [b'{"n": 5}'], key=b"k")
+        wait_for(lambda: enqueued(cfg) == 6, what="the sixth enqueued")
+        assert (row(cfg)["depth"], row(cfg)["removed"]) == (3, {"overflow-ring": 3})
+        dlq = read_topic(bootstrap, "RING_DLQ", 3)
+        assert sorted(dict(r.headers())["kq-bookmark"].decode() for r in dlq) == sent[:3]
+        assert {dict(r.headers())["kq-reason"] for r in dlq} == {b"overflow-ring"}
+
+
+def test_flow_control_pauses_a_publisher_until_the_queue_drains(bootstrap, tmp_path):
+    """flow-control: over max_messages a pause record on PREFIX.flow (again after kill -9),
+    and broker.client.Publisher waits; at 80% a resume record, and it publishes again."""
+    with serving_one_queue(bootstrap, tmp_path, "FLOW", 'max_messages = 2\n'
+                           'overflow_policy = "flow-control"\n') as (name, cfg, prefix, serve):
+        with Publisher(bootstrap, topic_prefix=prefix, max_wait=1.0) as pub:
+            for n in range(3):
+                pub.publish(name, b'{"n": %d}' % n, key=b"k")
+            pub.flush()
+            wait_for(lambda: pub.paused_for(name) == [name], what="the queue paused")
+            killed_and_started(serve)  # still over its limit: paused again
+            with pytest.raises(KqError, match="paused"):
+                pub.publish(name, b'{"n": 3}')
+            assert enqueued(cfg) == 3  # flow control asks; nothing is lost or turned away
+            with QueueClient(bootstrap, topic_prefix=prefix) as c:
+                for m in drain(c.subscribe(name, max_backlog=2), 2):
+                    m.ack()
+            wait_for(lambda: pub.paused_for(name) == [], what="the queue resumed")
+            pub.publish(name, b'{"n": 3}', key=b"k")
+            pub.flush()
+            wait_for(lambda: enqueued(cfg) == 4, what="the fourth enqueued")
+        records = [json.loads(r.value()) for r in read_topic(bootstrap, f"{prefix}.flow", 4)]
+        # each start says where the queue stands: empty at first, still over after the kill
+        assert [(r["queue"], r["state"], r["depth"]) for r in records] == [
+            (name, "resume", 0), (name, "pause", 3), (name, "pause", 3), (name, "resume", 1)]
+        assert all(r["bytes"] == 0 and r["at_ms"] > 0 for r in records)
