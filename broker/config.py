@@ -48,8 +48,6 @@ DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
 # Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
 NOT_SUPPORTED_YET = (
-    "sort_key",
-    "missing_sort_key",
     "group_key",
     "group_mode",
 )
@@ -99,7 +97,7 @@ class QueueConfig(_Strict):
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
 
-    @field_validator("priority", "barrier_expression", "lvq_key")
+    @field_validator("priority", "barrier_expression", "lvq_key", "sort_key")
     @classmethod
     def _expression_compiles(cls, value: str | None) -> str | None:
         if value is not None:
@@ -146,6 +144,12 @@ class QueueConfig(_Strict):
                 and self.max_redelivery_delay.ms < self.redelivery_delay.ms):
             raise ValueError(f"max_redelivery_delay ({self.max_redelivery_delay}) is below "
                              f"redelivery_delay ({self.redelivery_delay})")
+        for other in ("priority", "priority_levels", "target_queue_depth"):
+            if self.sort_key is not None and getattr(self, other) is not None:
+                raise ValueError(f"sort_key is not allowed together with {other}")
+        if self.missing_sort_key is not None and self.sort_key is None:
+            raise ValueError("missing_sort_key says where messages without a sort key go: "
+                             "it needs sort_key")
         self._admission_rules()
         for key in NOT_SUPPORTED_YET:
             if getattr(self, key) is not None:

@@ -68,13 +68,16 @@ def is_packed_payload(data: bytes) -> bool:
 # long), so records of earlier versions are still read.
 MESSAGE_TAG = b"\xc3\x02"
 MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
-HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD, HAS_SIZE = (
-    1, 2, 4, 8, 16, 32, 64)
+HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD, HAS_SIZE, SORTED = (
+    1, 2, 4, 8, 16, 32, 64, 128)
 # After the fixed part, each when flagged: its own expiry (HAS_EXPIRY), the moment it is
-# held until (HELD), its size (HAS_SIZE)
+# held until (HELD), its size (HAS_SIZE), its sort key (SORTED: the kind, then a number, or
+# a string's length and UTF-8)
 EXPIRY = struct.Struct("<q")
 NOT_BEFORE = struct.Struct("<q")
 SIZE = struct.Struct("<q")
+SORT_NUMBER = struct.Struct("<Bd")
+SORT_TEXT = struct.Struct("<Bi")
 AVAILABLE_CODE = 0  # the first of broker.engine.states.MessageState
 
 
@@ -85,7 +88,7 @@ def message_head(data: bytes) -> tuple[int, int, int, float | None, bool] | None
     if data[:2] != MESSAGE_TAG:
         return None
     _, seq, ts, state, _, _, _, priority, flags = MESSAGE.unpack_from(data)
-    if flags & (HAS_EXPIRY | HELD | HAS_SIZE):
+    if flags & (HAS_EXPIRY | HELD | HAS_SIZE | SORTED):
         return None
     return seq, ts, state, priority if flags & HAS_PRIORITY else None, bool(flags & BARRIER)
 

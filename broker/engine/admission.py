@@ -127,6 +127,9 @@ def ring_victim(q: QueueState) -> Message | None:
     q.refill()
     if not q.ranked:  # arrival order: the first available one
         return next((m for m in q.available.values() if not m.is_barrier), None)
+    if q.sorted_by is not None:  # by key, not priority: the oldest (not paged: ranked)
+        return min((m for m in q.available.values() if not m.is_barrier),
+                   key=lambda m: m.seq, default=None)
     # ranked ring queues are not paged: every available message is in `available`
     lowest = next((m.order[0] for m in reversed(q.available.values())
                    if not m.is_barrier), None)

@@ -214,10 +214,12 @@ class Engine(Timers, Dispatcher, Acks, Admission):
             self._out.append(Defer(q.name, e.bookmark))
             return
         headers = e.headers if e.headers is not None else e.doc.headers if e.doc else {}
-        priority = q.ordering.rank(e.doc, headers)
+        rank = q.ordering.rank(e.doc, headers)  # a sorted queue's may be a string
         barrier = e.doc is not None and q.barrier is not None and q.barrier.matches(e.doc)
         msg = self._do(Transition(Kind.ENQUEUED, q.name, now, e.bookmark, seq=q.stats.next_seq,
-                                  timestamp_ms=ts, priority=priority, barrier=barrier,
+                                  timestamp_ms=ts, barrier=barrier,
+                                  priority=None if isinstance(rank, str) else rank,
+                                  sort_text=rank if isinstance(rank, str) else None,
                                   deadline_ms=own_expiry(q.config, ts, headers),
                                   # (a barrier goes by its own rule: never held)
                                   not_before_ms=None if barrier else hold_until(q.config, now,

@@ -34,6 +34,7 @@ class Message:
         "expires_ms",
         "not_before_ms",
         "size",
+        "sort_value",
     )
 
     def __init__(
@@ -65,10 +66,14 @@ class Message:
         # held until then (broker.engine.holds), or None: available when not leased
         self.not_before_ms: int | None = None
         self.size = 0  # bytes of key, value and headers, kept when the queue has max_bytes
+        self.sort_value: tuple[int, float | str] | None = None  # sorted queues (ordering)
 
     @property
     def order(self) -> Any:
-        """Where it stands among the available: highest priority first, then oldest."""
+        """Where it stands among the available: highest priority first, then oldest (in a
+        sorted queue: by its sort key, then oldest)."""
+        if self.sort_value is not None:
+            return (self.sort_value, self.seq)
         if self.priority is None:
             return (math.inf, self.seq)
         return (-self.priority, self.seq)

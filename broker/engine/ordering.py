@@ -6,6 +6,11 @@ ranks go oldest first. `Message.order` and the pager's keys sort by it.
 
   ByArrival   no rank: oldest first (the AMPS default)
   ByPriority  the `priority` expression's value (AMPS Priority)
+  BySortKey   `sort_key`: a Qpid sorted queue, ascending: numbers (and strings that read
+              as numbers, as every header value is a string) before other strings, numbers
+              numerically, strings by code point; NULL first, or last with
+              `missing_sort_key = "last"`. Its rank is the key itself (journaled as the
+              priority when a number, as `sort_text` when a string).
   ByLevels    `priority_levels`: a Qpid priority queue. A priority 0..9, from the
               `priority` expression or else the `kq-priority` header (4 when absent or not
               a digit, as JMS), collapsed onto N levels by the AMQP 0-10 rule Qpid follows:
@@ -13,7 +18,6 @@ ranks go oldest first. `Message.order` and the pager's keys sort by it.
               that has a level of its own, and the top level takes what is left (N=2: 0-4
               and 5-9; N=10: one level per priority).
 
-The next types (sorted queues) add orderings here.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Protocol
 
 from broker.config import QueueConfig
 from broker.expr import Doc, Expression, compile_expression
+from broker.expr.compiler import as_number
 
 PRIORITY_HEADER = "kq-priority"
 JMS_DEFAULT_PRIORITY = 4
@@ -36,7 +41,7 @@ class Ordering(Protocol):
     # headers reach the engine either way, even when the payload does not parse)
     needs_doc: bool
 
-    def rank(self, doc: Doc | None, headers: Headers) -> float | None: ...
+    def rank(self, doc: Doc | None, headers: Headers) -> float | str | None: ...
 
 
 class ByArrival:
@@ -83,7 +88,37 @@ def level(priority: int, levels: int) -> int:
     return 0 if priority <= lowest_top else min(priority - lowest_top, levels - 1)
 
 
+# Where a sorted queue's messages stand (`Message.sort_value` is (kind, value)): kinds sort
+# before values, so a number is never compared with a string.
+NULL_FIRST, NUMBER, STRING, NULL_LAST = 0, 1, 2, 3
+
+
+class BySortKey:
+    needs_doc = True
+
+    def __init__(self, expression: Expression, nulls_last: bool) -> None:
+        self.expression = expression
+        self.null = (NULL_LAST if nulls_last else NULL_FIRST, 0.0)
+
+    def rank(self, doc: Doc | None, headers: Headers) -> float | str | None:
+        value = self.expression.evaluate(doc) if doc is not None else None
+        number = as_number(value)
+        if number is not None:
+            return None if math.isnan(number) else float(number)
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return value if isinstance(value, str) else None  # objects and lists: no key
+
+    def sort_value(self, rank: float | str | None) -> tuple[int, float | str]:
+        """The key as `Message.sort_value`, from the rank journaled for it."""
+        if rank is None:
+            return self.null
+        return (STRING, rank) if isinstance(rank, str) else (NUMBER, rank)
+
+
 def ordering_of(config: QueueConfig) -> Ordering:
+    if config.sort_key:
+        return BySortKey(compile_expression(config.sort_key), config.missing_sort_key == "last")
     expression = compile_expression(config.priority) if config.priority else None
     if config.priority_levels is not None:
         return ByLevels(config.priority_levels, expression)

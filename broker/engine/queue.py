@@ -18,7 +18,7 @@ from broker.config import QueueConfig
 from broker.engine.barriers import BarrierGroups, BarrierWaits
 from broker.engine.holding import Holding
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
-from broker.engine.ordering import ByArrival, ordering_of
+from broker.engine.ordering import ByArrival, BySortKey, ordering_of
 from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
@@ -41,6 +41,7 @@ class QueueState(Window, Holding, BarrierGroups):
         # what may go next is spread through the order (they keep every message in memory).
         self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)
         self.ranked = not isinstance(self.ordering, ByArrival)
+        self.sorted_by = self.ordering if isinstance(self.ordering, BySortKey) else None
         # Nor ranked ring queues (their victim, the oldest of the lowest priority, is found in
         # memory; their limits bound them anyway).
         self.pager = None if self.ranked and (config.barrier_expression or
@@ -249,6 +250,11 @@ class QueueState(Window, Holding, BarrierGroups):
             msg = Message(t.bookmark, t.seq, t.timestamp_ms)
             # a priority journaled under an earlier config that had one no longer counts
             msg.priority = t.priority if self.ranked else None
+            if self.sorted_by is not None:  # its key, not a priority
+                text = t.sort_text
+                msg.sort_value = self.sorted_by.sort_value(text if text is not None
+                                                           else msg.priority)
+                msg.priority = None
             msg.is_barrier = t.barrier
             msg.expires_ms = t.deadline_ms  # (ENQUEUED: its own expiry)
             msg.not_before_ms = t.not_before_ms

@@ -84,3 +84,4 @@ class Transition:
     principal: str | None = None  # SUBSCRIBED: who subscribed, under [auth]
     not_before_ms: int | None = None  # ENQUEUED, RETURNED: held until then (engine.holds)
     size: int | None = None  # ENQUEUED, with max_bytes: key + value + headers
+    sort_text: str | None = None  # ENQUEUED, sorted queue: a sort key that is a string

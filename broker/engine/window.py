@@ -21,6 +21,7 @@ from sortedcontainers import SortedDict
 from broker.config import QueueConfig
 from broker.engine.barriers import BarrierWaits
 from broker.engine.message import Ascending, Message, QueueStats, Stamps
+from broker.engine.ordering import NUMBER, STRING, BySortKey
 from broker.engine.paging import Pager
 from broker.engine.states import MessageState
 from broker.expr import Expression
@@ -53,6 +54,7 @@ class Window:
     lease_timers: list[tuple[int, int, Bookmark]]
     expiry_timers: list[tuple[int, int, Bookmark]]
     ranked: bool
+    sorted_by: BySortKey | None
     byte_count: int
 
     @property
@@ -147,11 +149,10 @@ class Window:
         `unfinished` (seqs) hold what `restore_stored` counted of the messages it took."""
         offsets = offsets if offsets is not None else {}
         unfinished = unfinished if unfinished is not None else array("q")
-        best: list[tuple[float, int, Message]] = []  # the window so far, worst on top
+        best: list[tuple[Any, Message]] = []  # the window so far, worst on top
         out: list[Message] = []
         for msg in messages:
-            if not self.ranked:
-                msg.priority = None  # stored under an earlier config that had a priority
+            self._as_configured(msg)
             bm = msg.bookmark
             self.stats.next_seq = max(self.stats.next_seq, msg.seq + 1)
             offsets.setdefault((bm.topic, bm.partition), array("q")).append(bm.offset)
@@ -164,10 +165,9 @@ class Window:
                 self.barriers[msg.seq] = msg
             if (msg.state is MessageState.AVAILABLE and not msg.is_barrier and self.pager
                     and msg.not_before_ms is None):
-                first, seq = msg.order
-                heapq.heappush(best, (-first, -seq, msg))
+                heapq.heappush(best, (_worst_first(msg.order), msg))
                 if len(best) > self.window:
-                    out.append(heapq.heappop(best)[2])
+                    out.append(heapq.heappop(best)[1])
                     if len(out) >= RESTORE_PAGE_OUT:
                         self._page_out_all(out)
                 continue
@@ -177,7 +177,7 @@ class Window:
             elif msg.deadline_ms is not None:
                 heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, bm))
         self._page_out_all(out)
-        for _, _, msg in sorted(best, reverse=True):  # all before every paged-out one
+        for _, msg in sorted(best, reverse=True):  # all before every paged-out one
             self.messages[msg.bookmark] = msg
             self._make_available(msg)
         for tp, values in offsets.items():
@@ -191,7 +191,7 @@ class Window:
         message that is paged out goes to the pager as stored, without becoming a Message
         (`load` builds one when needed), so a restart costs a few microseconds per queued
         message."""
-        if self.pager is None or self.config.expiration:
+        if self.pager is None or self.config.expiration or self.sorted_by is not None:
             self.restore(load(text, data) for text, data in records)
             return
         best: list[tuple[float, int, str, bytes | Message]] = []  # the window, worst on top
@@ -253,6 +253,18 @@ class Window:
             (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
             for where, values in offsets.items()}, unfinished=seqs)
 
+    def _as_configured(self, msg: Message) -> None:
+        """A stored message ranked as the queue's config ranks now (it may have changed)."""
+        if self.sorted_by is not None:
+            kind, value = msg.sort_value or (None, None)
+            msg.sort_value = self.sorted_by.sort_value(value if kind in (NUMBER, STRING)
+                                                       else None)
+            msg.priority = None
+        else:
+            msg.sort_value = None
+            if not self.ranked:
+                msg.priority = None  # stored under an earlier config that had a priority
+
     def _page_out_raw(self, items: list[tuple[Any, int, str, bytes]],
                       load: Callable[[str, bytes], Message]) -> None:
         assert self.pager is not None
@@ -273,3 +285,25 @@ class Window:
             self._set_expiry_timer(msg, paged=True)
             self._paged_out(msg)
         msgs.clear()
+
+
+class _Reversed:
+    """An order compared the other way round (a max-heap of orders that cannot be negated:
+    a sorted queue's hold strings)."""
+
+    __slots__ = ("order",)
+
+    def __init__(self, order: Any) -> None:
+        self.order = order
+
+    def __lt__(self, other: _Reversed) -> bool:
+        return bool(other.order < self.order)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Reversed) and self.order == other.order
+
+
+def _worst_first(order: Any) -> Any:
+    """A heap key putting the worst order on top: negated numbers where they are numbers."""
+    first, seq = order
+    return _Reversed(order) if isinstance(first, tuple) else (-first, -seq)

@@ -62,7 +62,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
     ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"),
     # (added later: empty in older parts, read as all NULL)
-    ("not_before_ms", "int64?"), ("size", "int64?"))
+    ("not_before_ms", "int64?"), ("size", "int64?"), ("sort_text", "str"))
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
@@ -92,7 +92,9 @@ def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:
     strings = cols["strings"]
     values: list[list[Any]] = []
     for name, kind in COLUMNS:
-        if kind == "str":
+        if not cols[name] and cols["count"]:  # a column added later: all NULL
+            values.append([None] * cols["count"])
+        elif kind == "str":
             values.append([None if i < 0 else strings[i] for i in unpack_array("i", cols[name])])
         elif kind == "bool":
             values.append([b == 1 for b in cols[name]])
@@ -128,6 +130,7 @@ def transition_from(r: dict[str, Any]) -> Transition:
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
         filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
         principal=r["principal"], not_before_ms=r.get("not_before_ms"), size=r.get("size"),
+        sort_text=r.get("sort_text"),
     )
 
 
@@ -149,6 +152,8 @@ def transitions_in(part: Part) -> list[Transition]:
         return bm
 
     def strs(name: str) -> list[str | None]:
+        if not cols[name] and cols["count"]:  # a column added later: all NULL
+            return [None] * cols["count"]
         return [text[i + 1] for i in unpack_array("i", cols[name])]
 
     rows = zip(kinds, strs("queue"), unpack_array("q", cols["at_ms"]),
@@ -160,5 +165,5 @@ def transitions_in(part: Part) -> list[Transition]:
                strs("filter"), _nullable(cols, "priority", "d"), [b == 1 for b in cols["barrier"]],
                [b == 1 for b in cols["browse"]], strs("principal"),
                _nullable(cols, "not_before_ms", "q"), _nullable(cols, "size", "q"),
-               strict=True)
+               strs("sort_text"), strict=True)
     return [Transition(*row) for row in rows]  # type: ignore[arg-type]

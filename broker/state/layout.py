@@ -19,6 +19,7 @@ from typing import Any
 
 from broker import wire
 from broker.engine.engine import Engine
+from broker.engine.ordering import STRING
 from broker.engine.queue import Message, QueueState, QueueStats
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Transition
@@ -36,6 +37,9 @@ from broker.packed import (
     MESSAGE_TAG,
     NOT_BEFORE,
     SIZE,
+    SORT_NUMBER,
+    SORT_TEXT,
+    SORTED,
     is_packed_payload,
     pack_payload,
     unpack_payload,
@@ -120,7 +124,8 @@ def encode_message(m: Message) -> bytes:
     flags = ((m.deadline_ms is not None and HAS_DEADLINE) | (m.priority is not None
              and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
              and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY)
-             | (m.not_before_ms is not None and HELD) | (m.size > 0 and HAS_SIZE))
+             | (m.not_before_ms is not None and HELD) | (m.size > 0 and HAS_SIZE)
+             | (m.sort_value is not None and SORTED))
     head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
                          m.delivery_count, m.cancel_count, m.deadline_ms or 0,
                          m.priority or 0.0, flags)
@@ -130,6 +135,13 @@ def encode_message(m: Message) -> bytes:
         head += NOT_BEFORE.pack(m.not_before_ms)
     if m.size > 0:
         head += SIZE.pack(m.size)
+    if m.sort_value is not None:
+        kind, value = m.sort_value
+        if isinstance(value, str):
+            raw = value.encode()
+            head += SORT_TEXT.pack(kind, len(raw)) + raw
+        else:
+            head += SORT_NUMBER.pack(kind, value)
     return head + m.holder.encode() if m.holder is not None else head
 
 
@@ -150,6 +162,18 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     if flags & HAS_SIZE:
         (size,) = SIZE.unpack_from(data, rest)
         rest += SIZE.size
+    sort_value: tuple[int, float | str] | None = None
+    if flags & SORTED:
+        kind = data[rest]
+        if kind == STRING:
+            _, length = SORT_TEXT.unpack_from(data, rest)
+            rest += SORT_TEXT.size
+            sort_value = (kind, data[rest:rest + length].decode())
+            rest += length
+        else:
+            _, number = SORT_NUMBER.unpack_from(data, rest)
+            sort_value = (kind, number)
+            rest += SORT_NUMBER.size
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
                   data[rest:].decode() if flags & HAS_HOLDER else None,
                   deadline if flags & HAS_DEADLINE else None)
@@ -158,6 +182,7 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     msg.expires_ms = expires
     msg.not_before_ms = not_before
     msg.size = size
+    msg.sort_value = sort_value
     return msg
 
 

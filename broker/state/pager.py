@@ -7,7 +7,9 @@ a write-ahead log. Keys, each prefixed by the queue's name and a NUL:
   b BOOKMARK   its ORDER
   s SEQ        its ORDER, in arrival order
   t AT SEQ     a timer: the bookmark of the message due at AT (expiry), earliest first
-ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq.
+ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq; in a
+sorted queue by the sort key's kind, then its number or its UTF-8 (a NUL escaped, so a
+shorter string sorts before a longer one it starts), then seq.
 """
 
 from __future__ import annotations
@@ -33,19 +35,26 @@ PENDING_LIMIT = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
 
 
-def order_key(order: tuple[float, int]) -> bytes:
-    """`Message.order` as bytes that sort the same way: (-priority or inf, seq)."""
+def order_key(order: tuple[Any, int]) -> bytes:
+    """`Message.order` as bytes that sort the same way: (-priority or inf, seq), or in a
+    sorted queue ((kind, number or string), seq)."""
     first, seq = order
-    if first == math.inf:
-        head = b"\x01" + bytes(8)
-    else:
-        raw = bytearray(struct.pack(">d", first))
-        if raw[0] & 0x80:  # negative: flip every bit, so larger magnitudes sort first
-            raw = bytearray(b ^ 0xFF for b in raw)
-        else:
-            raw[0] |= 0x80
-        head = b"\x00" + bytes(raw)
+    if isinstance(first, tuple):
+        kind, value = first
+        body = (value.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
+                if isinstance(value, str) else _double(value))
+        return b"\x02" + bytes([kind]) + body + _SEQ.pack(seq)
+    head = b"\x01" + bytes(8) if first == math.inf else b"\x00" + _double(first)
     return head + _SEQ.pack(seq)
+
+
+def _double(value: float) -> bytes:
+    """A float as 8 bytes that sort as it does."""
+    raw = bytearray(struct.pack(">d", value))
+    if raw[0] & 0x80:  # negative: flip every bit, so larger magnitudes sort first
+        return bytes(b ^ 0xFF for b in raw)
+    raw[0] |= 0x80
+    return bytes(raw)
 
 
 def _message(data: bytes) -> Message:

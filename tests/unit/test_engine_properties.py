@@ -39,6 +39,11 @@ def rank(queue: str, m) -> tuple:
             "kq-priority")
         p = int(raw) if raw is not None and len(raw) == 1 and raw.isdigit() else 4
         return (0, -{4: 1}.get(p, 0 if p < 4 else 2), m.seq)
+    if queue == "SORT":  # sort_key = "/p", missing_sort_key = "last": numbers, strings, NULL
+        p = doc(m).data.get("p") if doc(m) is not None else None
+        if isinstance(p, int) and not isinstance(p, bool):
+            return (0, p, m.seq)
+        return (1, p, m.seq) if isinstance(p, str) else (2, 0, m.seq)
     if not queue.startswith("PRIO"):
         return (0, 0, m.seq)
     p = doc(m).data.get("p") if doc(m) is not None else None
@@ -60,6 +65,7 @@ QUEUES = {
     "HOLD": queue("HOLD", hold_on_publish=True, lease_period=Duration(3000),
                   redelivery_delay=Duration(1000), redelivery_backoff="exponential",
                   max_redelivery_delay=Duration(5000)),
+    "SORT": queue("SORT", sort_key="/p", missing_sort_key="last", lease_period=Duration(3000)),
     "LVQ": queue("LVQ", lvq_key="/p", lease_period=Duration(3000)),  # NULL /p: no key
     "RING": queue("RING", max_messages=4, overflow_policy="ring", lease_period=Duration(3000)),
     "REJ": queue("REJ", max_messages=3, overflow_policy="reject", lease_period=Duration(3000)),
@@ -67,12 +73,14 @@ QUEUES = {
                   lease_period=Duration(3000)),
 }
 HOLDS = [None, None, 0, 500, 1500, 7000]  # kq-not-before: none, or this long after arrival
+QUEUE_INDEX = st.integers(0, 63)  # a queue of the machine's `names`: index modulo their count
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
 KINDS = ["a", "a", "a", "c", "b"]  # b: a barrier in PRIO and BAR
 
 
 class QueueMachine(RuleBasedStateMachine):
     window: int | None = None  # the engine's default: nothing is paged out at these depths
+    names = sorted(QUEUES)  # the queues its events go to (every queue is there)
 
     def __init__(self) -> None:
         super().__init__()
@@ -197,11 +205,12 @@ class QueueMachine(RuleBasedStateMachine):
             if sub.filter is not None:
                 assert sub.wants(doc(msg)), "delivered against the subscription's filter"
 
-    @rule(q=st.sampled_from(sorted(QUEUES)),
+    @rule(qi=QUEUE_INDEX,
           ps=st.lists(st.one_of(st.none(), st.integers(0, 5), st.just("text")), min_size=1,
                       max_size=4),
           kind=st.sampled_from(KINDS), parses=st.booleans(), hold=st.sampled_from(HOLDS))
-    def publish(self, q: str, ps: list, kind: str, parses: bool, hold: int | None) -> None:
+    def publish(self, qi: int, ps: list, kind: str, parses: bool, hold: int | None) -> None:
+        q = self.names[qi % len(self.names)]
         for p in ps:
             headers = {} if p is None else {"kq-priority": str(p).encode()}
             if hold is not None:
@@ -216,18 +225,21 @@ class QueueMachine(RuleBasedStateMachine):
                                         headers))
             self.offset += 1
 
-    @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)), b=st.integers(0, 5),
+    @rule(c=st.sampled_from(CLIENTS), qi=QUEUE_INDEX, b=st.integers(0, 5),
           f=st.sampled_from(FILTERS))
-    def subscribe(self, c: str, q: str, b: int, f: str | None) -> None:
+    def subscribe(self, c: str, qi: int, b: int, f: str | None) -> None:
+        q = self.names[qi % len(self.names)]
         self._run(ev.Subscribed(c, f"{c}-{q}", q, b, "r", f))
 
-    @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)))
-    def unsubscribe(self, c: str, q: str) -> None:
+    @rule(c=st.sampled_from(CLIENTS), qi=QUEUE_INDEX)
+    def unsubscribe(self, c: str, qi: int) -> None:
+        q = self.names[qi % len(self.names)]
         self._run(ev.Unsubscribed(c, f"{c}-{q}"))
 
-    @rule(c=st.sampled_from(CLIENTS), q=st.sampled_from(sorted(QUEUES)),
+    @rule(c=st.sampled_from(CLIENTS), qi=QUEUE_INDEX,
           f=st.sampled_from(FILTERS), close=st.booleans())
-    def browse(self, c: str, q: str, f: str | None, close: bool) -> None:
+    def browse(self, c: str, qi: int, f: str | None, close: bool) -> None:
+        q = self.names[qi % len(self.names)]
         if close:
             self._run(ev.Unsubscribed(c, f"{c}-{q}-browse"))
         else:
@@ -356,6 +368,18 @@ class PagedQueueMachine(QueueMachine):
 
 
 TestPagedQueueMachine = PagedQueueMachine.TestCase
+
+
+class QpidQueueMachine(QueueMachine):
+    """The same rules on the Qpid types alone (paged), so their rules are hit more often."""
+
+    window = 1
+    names = ["HOLD", "SORT", "LVQ", "RING", "REJ", "FLOW", "LEV"]
+
+
+TestQpidQueueMachine = QpidQueueMachine.TestCase
+TestQpidQueueMachine.settings = settings(max_examples=200, stateful_step_count=40,
+                                         deadline=None)
 TestPagedQueueMachine.settings = settings(max_examples=300, stateful_step_count=40,
                                           deadline=None)
 
