@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from broker.engine.engine import Engine
+from broker.engine.ordering import NUMBER, STRING
 from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.errors import CommandError, ExpressionError
@@ -108,6 +109,13 @@ def _candidates(q: QueueState, state: str | None) -> Iterator[Message]:
     return (m for m in q.by_seq() if state is None or shown_state(m) == state)
 
 
+def sort_key_of(m: Message) -> float | str | None:
+    """A sorted queue's message: its key (None: it has none)."""
+    if m.sort_value is None or m.sort_value[0] not in (NUMBER, STRING):
+        return None
+    return m.sort_value[1]
+
+
 def shown_state(m: Message) -> str:
     """A message's state as `kq inspect` shows it: available ones still held are `held`."""
     return HELD if m.not_before_ms is not None else m.state.value
@@ -149,7 +157,7 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
             "age_ms": max(0, now - m.timestamp_ms), "delivery_count": m.delivery_count,
             "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
             "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms, "priority": m.priority,
-            "not_before_ms": m.not_before_ms,
+            "not_before_ms": m.not_before_ms, "sort_key": sort_key_of(m),
         })
     points = q.recovery_points(positions(name))
     return {
