@@ -233,16 +233,11 @@ class ServiceConfig(_Strict):
     topic_prefix: str = Field("kq", pattern=r"^[A-Za-z0-9._-]+$")
     metrics_port: int = Field(9464, ge=0, le=65535)
     heartbeat_timeout: DurationField = Duration(10_000)
-    exactly_once: bool = False
+    exactly_once: StrictBool = False  # Kafka transactions around each commit (service.commit)
     # RocksDB's block caches and memtables together stay within this (e.g. "64MiB", "1GB")
     memory_budget: ByteSize = Field(ByteSize(64 * 1024 * 1024), ge=16 * 1024 * 1024)
     kafka: dict[str, str | int | bool] = Field(default_factory=dict)
 
-    @model_validator(mode="after")
-    def _supported(self) -> ServiceConfig:
-        if self.exactly_once:
-            raise ValueError("not supported yet: exactly_once")
-        return self
 
 
 class Config(_Strict):

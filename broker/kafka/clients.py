@@ -44,6 +44,18 @@ def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
     return _build(Producer, cfg)  # type: ignore[no-any-return]
 
 
+def service_producer(bootstrap: str, extra: Settings | None,
+                     transactional_id: str | None) -> Producer:
+    """A producer; with `transactional_id`, a transactional one, ready (its start fences an
+    earlier producer with that id: that one's open transaction aborts)."""
+    if transactional_id is None:
+        return producer(bootstrap, extra)
+    made = producer(bootstrap, extra, **{"transactional.id": transactional_id})
+    made.init_transactions(30)
+    log.info("transactional producer %s: commits are Kafka transactions", transactional_id)
+    return made
+
+
 def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Consumer:
     cfg = base_config(bootstrap, extra)
     cfg.update({

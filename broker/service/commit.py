@@ -26,6 +26,15 @@ recovery (`broker.service.recovery`) makes every gap safe:
                 recovery replays (at most the last two batches) is exactly what may be unsent.
                 Until then, the payloads the batch stores are read from memory.
 
+With `[service] exactly_once = true` the producer is transactional: steps 1 to 3 of a commit
+(the copies, the journal, and the deliveries riding along) are one Kafka transaction, committed
+before step 4. A crash inside it aborts them all: under Apache Kafka, readers (recovery, the
+client, dead-letter consumers: librdkafka reads `read_committed` by default) never see the
+copies or deliveries of a batch whose journal is not in, and a second service started with
+the same transactional id fences the first. Without it, the gaps above are made safe by
+recovery instead (a copy may be duplicated, a lease sent twice; never lost). The embedded
+broker accepts transactions but does not isolate them, so there only the steps are tested.
+
 Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
 after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
 (e.g. `leased`), of the first batch that journals a transition of that kind. Crash tests use it.
@@ -37,7 +46,8 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +115,9 @@ def latest_cursors(transitions: list[Transition]) -> list[Transition]:
 
 class Committer:
     def __init__(self, producer: Producer, store: Store, engine: Engine, journal_topic: str,
-                 next_batch: int) -> None:
+                 next_batch: int, transactional: bool = False) -> None:
         self._producer = producer
+        self.transactional = transactional  # the producer has a transactional.id
         self._store = store
         self._engine = engine
         self._journal_topic = journal_topic
@@ -134,12 +145,13 @@ class Committer:
         """Steps 1 and 2 of this batch, 3 and 4 of the one held; then hold this one."""
         if not (cp.transitions or cp.positions or outbox):
             return
-        self._produce_all(outbox.copies, fatal=True, what="forward/dead-letter copies")
-        self._crash_point(1, cp)
         held, self._held = self._held, None
-        journal = self._journal_records(cp) if cp.transitions or cp.positions else []
-        offsets = self._produce_all(journal, fatal=True, what="journal",
-                                    also=held.deliveries if held else ())
+        with self._atomically():
+            self._produce_all(outbox.copies, fatal=True, what="forward/dead-letter copies")
+            self._crash_point(1, cp)
+            journal = self._journal_records(cp) if cp.transitions or cp.positions else []
+            offsets = self._produce_all(journal, fatal=True, what="journal",
+                                        also=held.deliveries if held else ())
         if journal:
             self._journaled(cp, offsets)
         self._crash_point(2, cp)
@@ -154,13 +166,33 @@ class Committer:
         held, self._held = self._held, None
         if held is None:
             return
-        self._produce_all(held.deliveries, fatal=False, what="deliveries")
+        with self._atomically():
+            self._produce_all(held.deliveries, fatal=False, what="deliveries")
         self._crash_point(3, held.cp)
         self._write_state(held)
 
     def send_now(self, records: list[OutRecord]) -> None:
         """Replies that need no journal (state snapshots): produced and flushed at once."""
-        self._produce_all(records, fatal=False, what="replies")
+        with self._atomically():
+            self._produce_all(records, fatal=False, what="replies")
+
+    @contextmanager
+    def _atomically(self) -> Iterator[None]:
+        """With exactly_once: what is produced inside is one Kafka transaction."""
+        if not self.transactional:
+            yield
+            return
+        self._producer.begin_transaction()
+        try:
+            yield
+        except BaseException:
+            with suppress(KafkaException):
+                self._producer.abort_transaction(FLUSH_TIMEOUT_S)
+            raise
+        try:
+            self._producer.commit_transaction(FLUSH_TIMEOUT_S)
+        except KafkaException as exc:
+            raise DeliveryFailedError(f"committing the Kafka transaction failed: {exc}") from None
 
     def _write_state(self, held: _Held) -> None:
         held.changes.write_to(self._store)
@@ -212,7 +244,8 @@ class Committer:
         record = OutRecord(self._journal_topic, wire.encode("journal", {
             "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
             "marker": nonce, "inputs": [], "transitions": []}), partition=0)
-        offset = self._produce_all([record], fatal=True, what="journal marker")[0]
+        with self._atomically():
+            offset = self._produce_all([record], fatal=True, what="journal marker")[0]
         self.last_offset = max(self.last_offset, offset)
         return offset
 

@@ -126,7 +126,9 @@ class Service:
             self._pager = RocksPager(Path(svc.data_dir) / "pager", budget // 2)
             self.engine.use_pager(self._pager)
         store = self._store
-        self._producer = clients.producer(self.bootstrap, self.kafka_extra)
+        # with exactly_once, transactional: its start fences an earlier service of this config
+        self._producer = clients.service_producer(self.bootstrap, self.kafka_extra, (
+            f"{self.topics.prefix}.service" if svc.exactly_once else None))
         # Sources prefetch little: what is fetched ahead is memory, and work queued in
         # front of the commands that arrive meanwhile.
         self._consumer = clients.consumer(self.bootstrap, self.kafka_extra, **{
@@ -134,7 +136,8 @@ class Service:
         self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
         try:
             self._committer = Committer(self._producer, store, self.engine,
-                                        self.topics.journal, next_batch=0)
+                                        self.topics.journal, next_batch=0,
+                                        transactional=svc.exactly_once)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
                           self._committer.write_marker, now_ms(), fetcher=self._commands)
             self._committer.next_batch = rec.next_batch

@@ -124,10 +124,11 @@ def kq(*args: str, timeout: float = 30, **env: str) -> subprocess.CompletedProce
 
 
 def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
-                 bootstrap: str | None = None, extra: str = "") -> Path:
-    """A config file with one line per queue; `extra` lines go into the last queue."""
+                 bootstrap: str | None = None, extra: str = "", service: str = "") -> Path:
+    """A config file with one line per queue; `extra` lines go into the last queue,
+    `service` lines into [service]."""
     lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
-             "metrics_port = 0", 'heartbeat_timeout = "30s"']
+             "metrics_port = 0", 'heartbeat_timeout = "30s"', *service.splitlines()]
     if bootstrap:
         lines.append(f'bootstrap_servers = "{bootstrap}"')
     for q in queues:
@@ -170,15 +171,15 @@ class ServeProcess:
 
 
 @contextmanager
-def serving_one_queue(bootstrap: str, tmp_path: Path, stem: str,
-                      extra: str = "") -> Iterator[tuple[str, Path, str, ServeProcess]]:
+def serving_one_queue(bootstrap: str, tmp_path: Path, stem: str, extra: str = "",
+                      service: str = "") -> Iterator[tuple[str, Path, str, ServeProcess]]:
     """A fresh topic and prefix, one queue on it (`extra` config lines), `kq serve` running:
     yields (queue name, config path, topic prefix, the service process)."""
     u = uid()
     name = f"{stem}_{u}"
     ensure_topic(bootstrap, name)
     cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
-                       extra=extra)
+                       extra=extra, service=service)
     serve = ServeProcess(cfg, tmp_path / "serve.log").start()
     try:
         yield name, cfg, f"kq{u}", serve
