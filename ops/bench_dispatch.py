@@ -13,6 +13,9 @@ O(log n) when the figure does not grow with the depth.
   barrier           a barrier waits for acks while N messages are held behind it
   target-depth      TargetQueueDepth N: the active part is N deep
   priority+barrier  priority queue holding a barrier
+  sorted            sort_key /k: random numbers and strings (Qpid sorted queue)
+  lvq               lvq_key /k over `depth` keys: arrivals replace older values (Qpid LVQ)
+  ring              max_messages = depth, overflow_policy = ring: each arrival removes one
 
 Run: python ops/bench_dispatch.py [--depths 20000,1000000] [--steps 500] [--cases ...]
 """
@@ -108,9 +111,26 @@ def priority_barrier(depth: int) -> tuple[Feed, Callable[[], dict]]:
     return feed, lambda: {"p": feed.rng.randrange(10), "flush": False}
 
 
+def sorted_by_key(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(sort_key="/k")
+    return feed, lambda: {"k": feed.rng.random() if feed.rng.random() < 0.5
+                          else f"s{feed.rng.randrange(10**6)}"}
+
+
+def last_value(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(lvq_key="/k")
+    return feed, lambda: {"k": feed.rng.randrange(depth)}
+
+
+def ring(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(max_messages=depth, overflow_policy="ring")
+    return feed, lambda: {"n": 1}
+
+
 CASES = {"plain": plain, "priority": priority, "levels": levels, "filter": filtered,
          "clock-filter": clock_filtered, "barrier": barrier,
-         "target-depth": target_depth, "priority+barrier": priority_barrier}
+         "target-depth": target_depth, "priority+barrier": priority_barrier,
+         "sorted": sorted_by_key, "lvq": last_value, "ring": ring}
 
 
 def measure(case: str, depth: int, steps: int) -> float:
