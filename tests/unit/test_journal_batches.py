@@ -37,7 +37,9 @@ def sample_transitions():
 
     return [
         Transition(Kind.ENQUEUED, "ORDERS", 10, Bookmark("ORDERS", 3, 17), seq=5,
-                   timestamp_ms=9, priority=2.5, barrier=True),
+                   timestamp_ms=9, priority=2.5, barrier=True, not_before_ms=99, size=120),
+        Transition(Kind.ENQUEUED, "SORTED", 10, Bookmark("S", 0, 1), sort_text="ab\x00c"),
+        Transition(Kind.RETURNED, "ORDERS", 10, Bookmark("ORDERS", 3, 18), not_before_ms=5),
         Transition(Kind.LEASED, "ORDERS", 11, Bookmark("ORDERS", 3, 17), sub_id="s1",
                    client="wörker", delivery_count=2, deadline_ms=70_011),
         Transition(Kind.SUBSCRIBED, "ORDERS", 12, sub_id="s1", client="wörker", max_backlog=7,
@@ -74,3 +76,28 @@ def test_recovery_builds_the_same_transitions_straight_from_the_columns():
         "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
         "transitions": [], "columns": encode_columns(ts)}))
     assert transitions_in(part) == ts
+
+
+def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null():
+    import io
+    import json
+
+    import fastavro
+
+    from broker import wire
+    from broker.service.journal import encode_columns, transitions_in
+
+    ts = sample_transitions()
+    cols = encode_columns(ts)
+    for name in ("not_before_ms", "not_before_ms_set", "size", "size_set", "sort_text"):
+        del cols[name]
+    with open(wire._schema_dir() / "history" / "journal.2.avsc") as f:
+        v2 = fastavro.parse_schema(json.load(f))
+    buf = io.BytesIO()
+    buf.write(wire.MARKER + wire._fingerprint_of(v2))
+    fastavro.schemaless_writer(buf, v2, {
+        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": cols})
+    back = transitions_in(wire.decode("journal", buf.getvalue()))
+    assert [(t.not_before_ms, t.size, t.sort_text) for t in back] == [(None, None, None)] * len(ts)
+    assert [t.seq for t in back] == [t.seq for t in ts]
