@@ -369,17 +369,6 @@ class QueueState(Window, Holding, BarrierGroups):
         if self.pager is not None and len(self.available) - len(self.barriers) > 2 * self.window:
             self._evict()
 
-    def _set_expiry_timer(self, msg: Message, paged: bool) -> None:
-        """In memory for a message held in memory, in the pager for one paged out (a deep
-        queue with an expiration holds no timer per message)."""
-        expires = self.expires_at(msg)
-        if expires is None:
-            return
-        if paged and self.pager is not None:
-            self.pager.add_timer(self.name, expires, msg.seq, msg.bookmark)
-        else:
-            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
-
     def _hold_available(self, msg: Message) -> None:
         self.messages[msg.bookmark] = msg
         self.available[msg.order] = msg

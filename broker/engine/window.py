@@ -70,11 +70,19 @@ class Window:
     def _hold_available(self, msg: Message) -> None:
         raise NotImplementedError
 
-    def _set_expiry_timer(self, msg: Message, paged: bool) -> None:
-        raise NotImplementedError
-
     def _leave(self, msg: Message) -> None:
         raise NotImplementedError
+
+    def _set_expiry_timer(self, msg: Message, paged: bool) -> None:
+        """In memory for a message held in memory, in the pager for one paged out (a deep
+        queue with an expiration holds no timer per message)."""
+        expires = self.expires_at(msg)
+        if expires is None:
+            return
+        if paged and self.pager is not None:
+            self.pager.add_timer(self.name, expires, msg.seq, msg.bookmark)
+        else:
+            heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
 
     def _page_out(self, msg: Message) -> None:
         assert self.pager is not None
