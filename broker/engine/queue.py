@@ -159,8 +159,8 @@ class QueueState(Window, Holding, BarrierGroups):
     def leased_count(self) -> int:
         # at-least-once queues hold only available and leased messages; at-most-once ones
         # only available and sent (which have left the queue)
-        held = len(self.available) + len(self.held)
-        return 0 if self.config.at_most_once else len(self.messages) - held
+        waiting = len(self.available) + len(self.held)
+        return 0 if self.config.at_most_once else len(self.messages) - waiting
 
     @property
     def full(self) -> bool:
@@ -380,7 +380,7 @@ class QueueState(Window, Holding, BarrierGroups):
     def _leave(self, msg: Message) -> None:
         """Take the message out of the index of the state it is leaving."""
         if msg.state is MessageState.AVAILABLE:
-            if self._unhold(msg):
+            if msg.not_before_ms is not None and self._unhold(msg):
                 return  # it was held: in none of the available ones' indexes
             self.available.pop(msg.order, None)
 
