@@ -46,13 +46,6 @@ def _duration(value: Any) -> Duration:
 
 DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
-# Keys of SPEC section 4 whose feature is not built yet: refused, never silently ignored.
-NOT_SUPPORTED_YET = (
-    "group_key",
-    "group_mode",
-)
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -97,7 +90,7 @@ class QueueConfig(_Strict):
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
 
-    @field_validator("priority", "barrier_expression", "lvq_key", "sort_key")
+    @field_validator("priority", "barrier_expression", "lvq_key", "sort_key", "group_key")
     @classmethod
     def _expression_compiles(cls, value: str | None) -> str | None:
         if value is not None:
@@ -151,9 +144,7 @@ class QueueConfig(_Strict):
             raise ValueError("missing_sort_key says where messages without a sort key go: "
                              "it needs sort_key")
         self._admission_rules()
-        for key in NOT_SUPPORTED_YET:
-            if getattr(self, key) is not None:
-                raise ValueError(f"not supported yet: {key}")
+        self._group_rules()
         if self.format == "avro" and self.schema_ is None:
             raise ValueError("format = 'avro' needs schema (the path of an .avsc file)")
         if self.schema_ is not None and self.format != "avro":
@@ -183,6 +174,21 @@ class QueueConfig(_Strict):
         if limited and self.target_queue_depth is not None:
             raise ValueError("max_messages and max_bytes are not allowed together with "
                              "target_queue_depth")
+
+    def _group_rules(self) -> None:
+        """Message groups: what they may not be combined with."""
+        if self.group_mode is not None and self.group_key is None:
+            raise ValueError(f"group_mode = {self.group_mode!r} needs group_key (the expression "
+                             "naming each message's group)")
+        if self.group_key is None:
+            return
+        if self.barrier_expression is not None:
+            # a barrier waits for everything before it, and a sticky group waits for its
+            # holder: combined, one consumer's group could hold every worker's barrier
+            raise ValueError("group_key is not allowed together with barrier_expression")
+        if self.nondestructive:
+            raise ValueError("group_key is not allowed together with nondestructive (every "
+                             "subscription browses, and browsers ignore groups)")
 
     @field_validator("recovery_point")
     @classmethod

@@ -70,9 +70,15 @@ MESSAGE_TAG = b"\xc3\x02"
 MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
 HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD, HAS_SIZE, SORTED = (
     1, 2, 4, 8, 16, 32, 64, 128)
+# A record with flags beyond one byte has its own tag and two bytes of flags (the others
+# stay as they were, byte for byte).
+WIDE_TAG = b"\xc3\x04"
+WIDE = struct.Struct("<2sqqBiiqdH")
+GROUPED = 256
 # After the fixed part, each when flagged: its own expiry (HAS_EXPIRY), the moment it is
 # held until (HELD), its size (HAS_SIZE), its sort key (SORTED: the kind, then a number, or
-# a string's length and UTF-8)
+# a string's length and UTF-8), its group (GROUPED: length and UTF-8)
+GROUP = struct.Struct("<i")
 EXPIRY = struct.Struct("<q")
 NOT_BEFORE = struct.Struct("<q")
 SIZE = struct.Struct("<q")
@@ -84,7 +90,7 @@ AVAILABLE_CODE = 0  # the first of broker.engine.states.MessageState
 def message_head(data: bytes) -> tuple[int, int, int, float | None, bool] | None:
     """(seq, timestamp_ms, state code, priority, is_barrier) of a packed message record
     without building the message; None for one to decode in full: in an earlier (Avro)
-    layout, or with an expiry of its own, held, or sized (set from the message)."""
+    or the wide layout, or with an expiry of its own, held, or sized (set from the message)."""
     if data[:2] != MESSAGE_TAG:
         return None
     _, seq, ts, state, _, _, _, priority, flags = MESSAGE.unpack_from(data)

@@ -5,6 +5,8 @@ A part of the engine (its base class), kept apart because it is the one hot loop
 
 from __future__ import annotations
 
+from itertools import islice
+
 from sortedcontainers import SortedDict
 
 from broker.engine.effects import Deliver
@@ -14,6 +16,7 @@ from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.expr import Expression
+from broker.values import Bookmark
 
 # Copies one browser is sent per engine step: a browser of a deep queue is caught up over
 # several batches instead of one huge one.
@@ -25,6 +28,9 @@ PAGED_SCAN = 1_000
 # stretch of the rest (see `_dispatch_walking`).
 WALK_FRONT = 500
 WALK_ON = 500
+# Heads of message groups a filtered subscription looks at per dispatch, in its own groups
+# and in the free ones (broker.engine.groups).
+GROUP_LOOK = 1_000
 
 
 class Dispatcher(EnginePart):
@@ -38,6 +44,9 @@ class Dispatcher(EnginePart):
                 q.fresh.clear()
                 return
             subs = [s for s in q.subs.values() if s.client not in self.unconfirmed]
+            if q.group_expr is not None:
+                self._dispatch_grouped(q, subs, now)  # (never barriers: config refuses them)
+                return
             filters = [s.filter for s in subs if s.filter is not None]
             barrier = q.first_barrier()
             if any(f.uses_time for f in filters):
@@ -90,6 +99,54 @@ class Dispatcher(EnginePart):
                 break
             self._lease(q, sub, msg, now)  # the message leaves the available ones either way
         return barrier is not None and self._send_barrier(q, barrier, subs, now)
+
+    def _dispatch_grouped(self, q: QueueState, subs: list[Subscription], now: int) -> None:
+        """Message groups (broker.engine.groups): repeatedly the best message a subscription
+        with room may take (the first head among its own groups' and the free ones that its
+        filter takes), to one of the subscriptions it is best for, by fairness."""
+        pick = PICKERS[q.config.effective_fairness]
+        said: dict[tuple[str, Bookmark], bool] = {}  # what filters said, for this dispatch
+        while True:
+            best: Message | None = None
+            takers: list[Subscription] = []
+            for sub in subs:
+                if sub.room <= 0:
+                    continue
+                msg = self._first_for(q, sub, now, said)
+                if msg is None or (best is not None and best.order < msg.order):
+                    continue
+                if msg is best:
+                    takers.append(sub)
+                else:
+                    best, takers = msg, [sub]
+            chosen = pick(takers, q.rr_last) if best is not None else None
+            if best is None or chosen is None:
+                return
+            self._lease(q, chosen, best, now)
+
+    def _first_for(self, q: QueueState, sub: Subscription, now: int,
+                   said: dict[tuple[str, Bookmark], bool]) -> Message | None:
+        """The first head `sub` may take: of a group it holds, or free. A filtered one looks
+        at no more than GROUP_LOOK heads of each."""
+        found = None
+        for heads in (q.group_owned.get(sub.sub_id), q.group_free):
+            if not heads:
+                continue
+            looked = islice(heads.values(), 1 if sub.filter is None else GROUP_LOOK)
+            msg = next((m for m in looked if self._takes(q, sub, m, now, said)), None)
+            if msg is not None and (found is None or msg.order < found.order):
+                found = msg
+        return found
+
+    def _takes(self, q: QueueState, sub: Subscription, msg: Message, now: int,
+               said: dict[tuple[str, Bookmark], bool]) -> bool:
+        if sub.filter is None:
+            return True
+        key = (sub.filter.text, msg.bookmark)
+        wanted = said.get(key)
+        if wanted is None:
+            wanted = said[key] = sub.wants(self.doc_of(q, msg, now))
+        return wanted
 
     def _look_in_pager(self, q: QueueState, expr: Expression) -> None:
         """A filter nothing in memory matches: its first match among the paged-out messages

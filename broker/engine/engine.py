@@ -224,7 +224,8 @@ class Engine(Timers, Dispatcher, Acks, Admission):
                                   # (a barrier goes by its own rule: never held)
                                   not_before_ms=None if barrier else hold_until(q.config, now,
                                                                                 headers),
-                                  size=e.size if q.config.max_bytes is not None else None))
+                                  size=e.size if q.config.max_bytes is not None else None,
+                                  group=q.group_value(e.doc)))
         if msg is not None and self.doc_loader is None:
             msg.doc = e.doc
         if msg is not None and msg.bookmark in q.pending_acks:
@@ -357,25 +358,29 @@ class Engine(Timers, Dispatcher, Acks, Admission):
 
     # -- recovery --------------------------------------------------------------------------
     def restore(self, queue: str, messages: Iterable[Message], subs: Iterable[Transition],
-                now: int) -> None:
-        """Load one queue's stored state (messages first, then their subscriptions)."""
+                now: int, holders: dict[str, str] | None = None) -> None:
+        """Load one queue's stored state (messages first, then their subscriptions, then
+        who holds its message groups: `holders`, the sticky ones the store kept)."""
         self.queues[queue].restore(messages)
-        self.queues[queue].release_due(now)  # held until a moment that passed meanwhile
-        self._restore_subs(subs, now)
+        self._restored(self.queues[queue], subs, now, holders)
 
     def restore_stored(self, queue: str, records: Iterable[tuple[str, bytes]],
                        load: Callable[[str, bytes], Message], subs: Iterable[Transition],
-                       now: int) -> None:
+                       now: int, holders: dict[str, str] | None = None) -> None:
         """`restore` from the store's records as they are (see QueueState.restore_stored)."""
         self.queues[queue].restore_stored(records, load)
-        self.queues[queue].release_due(now)
-        self._restore_subs(subs, now)
+        self._restored(self.queues[queue], subs, now, holders)
 
-    def _restore_subs(self, subs: Iterable[Transition], now: int) -> None:
+    def _restored(self, q: QueueState, subs: Iterable[Transition], now: int,
+                  holders: dict[str, str] | None) -> None:
+        q.release_due(now)  # held until a moment that passed meanwhile
         for t in subs:
             self.apply(t)
             self.last_seen.setdefault(t.client or "", now)
             self.unconfirmed.add(t.client or "")
+        if q.group_expr is not None:
+            q.restore_holders([m for m in q.messages.values() if m.holder is not None],
+                              holders or {}, set(q.subs))
 
     def queue(self, name: str) -> QueueState:
         return self.queues[name]

@@ -35,6 +35,7 @@ class Message:
         "not_before_ms",
         "size",
         "sort_value",
+        "group",
     )
 
     def __init__(
@@ -67,6 +68,7 @@ class Message:
         self.not_before_ms: int | None = None
         self.size = 0  # bytes of key, value and headers, kept when the queue has max_bytes
         self.sort_value: tuple[int, float | str] | None = None  # sorted queues (ordering)
+        self.group: str | None = None  # message groups: its group_key's value (engine.groups)
 
     @property
     def order(self) -> Any:

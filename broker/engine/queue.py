@@ -16,6 +16,7 @@ from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
 from broker.engine.barriers import BarrierGroups, BarrierWaits
+from broker.engine.groups import MessageGroups
 from broker.engine.holding import Holding
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
 from broker.engine.ordering import ByArrival, BySortKey, ordering_of
@@ -33,7 +34,7 @@ NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value,
                                Reason.REPLACED.value})
 
 
-class QueueState(Window, Holding, BarrierGroups):
+class QueueState(Window, Holding, BarrierGroups, MessageGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
@@ -44,8 +45,9 @@ class QueueState(Window, Holding, BarrierGroups):
         self.sorted_by = self.ordering if isinstance(self.ordering, BySortKey) else None
         # Nor ranked ring queues (their victim, the oldest of the lowest priority, is found in
         # memory; their limits bound them anyway).
-        self.pager = None if self.ranked and (config.barrier_expression or
-                                              config.overflow_policy == "ring") else pager
+        # Nor group queues (broker.engine.groups).
+        self.pager = None if config.group_key or self.ranked and (
+            config.barrier_expression or config.overflow_policy == "ring") else pager
         self.window = max(1, window)
         self.paged = 0  # available messages paged out
         self._floor: Any = None  # the delivery order of the first of them
@@ -64,6 +66,7 @@ class QueueState(Window, Holding, BarrierGroups):
         # Last-value queues: the newest message per key (the one named may have left since);
         self.lvq_key = compile_expression(config.lvq_key) if config.lvq_key else None
         self.latest: dict[Any, Bookmark] | None = None  # None: to build (engine.admission)
+        self._init_groups()  # message groups: their heads and holders (engine.groups)
         self.flow_paused: bool | None = None  # flow-control: what PREFIX.flow said last
         self.rr_last: str | None = None  # round-robin cursor: sub_id served last
         # Where the queue starts in its topics: as configured, and as a time (records older
@@ -115,7 +118,8 @@ class QueueState(Window, Holding, BarrierGroups):
     @property
     def needs_doc(self) -> bool:
         """Whether arrivals are judged by their payload (the service decodes it then)."""
-        return self.ordering.needs_doc or self.barrier is not None or self.lvq_key is not None
+        return (self.ordering.needs_doc or self.barrier is not None or self.lvq_key is not None
+                or self.group_expr is not None)
 
     @property
     def dispatchable(self) -> SortedDict:
@@ -226,6 +230,8 @@ class QueueState(Window, Holding, BarrierGroups):
         if t.kind is Kind.UNSUBSCRIBED:
             self.subs.pop(t.sub_id or "", None)
             self.browsers.pop(t.sub_id or "", None)
+            if self.group_expr is not None:
+                self._group_holder_ended(t.sub_id or "")
             if self.rr_last == t.sub_id:
                 self.rr_last = None
             return None
@@ -259,6 +265,7 @@ class QueueState(Window, Holding, BarrierGroups):
             msg.expires_ms = t.deadline_ms  # (ENQUEUED: its own expiry)
             msg.not_before_ms = t.not_before_ms
             msg.size = t.size or 0
+            msg.group = t.group if self.group_expr is not None else None
             self.byte_count += msg.size
             self.messages[t.bookmark] = msg
             self._count_in(msg)
@@ -294,6 +301,8 @@ class QueueState(Window, Holding, BarrierGroups):
             sub = self.subs.get(t.sub_id or "")
             if sub is not None:
                 sub.held.add(msg.bookmark)
+            if self.group_expr is not None:
+                self._group_leased(msg)
             if t.deadline_ms is not None:
                 heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
             self.stats.delivered += 1
@@ -376,6 +385,8 @@ class QueueState(Window, Holding, BarrierGroups):
             self.ahead[msg.order] = msg
         if self.matching:
             self.fresh.append(msg)
+        if self.group_expr is not None:
+            self._group_in(msg)
 
     def _leave(self, msg: Message) -> None:
         """Take the message out of the index of the state it is leaving."""
@@ -389,7 +400,11 @@ class QueueState(Window, Holding, BarrierGroups):
                 self.behind[self._barrier_before(msg.seq)].pop(msg.bookmark)
             for index in self.matching.values():
                 index.pop(msg.order, None)
+            if self.group_expr is not None:
+                self._group_out(msg)
         elif msg.holder is not None:
             sub = self.subs.get(msg.holder)
             if sub is not None:
                 sub.held.discard(msg.bookmark)
+            if self.group_expr is not None:
+                self._group_let_go(msg)

@@ -85,3 +85,4 @@ class Transition:
     not_before_ms: int | None = None  # ENQUEUED, RETURNED: held until then (engine.holds)
     size: int | None = None  # ENQUEUED, with max_bytes: key + value + headers
     sort_text: str | None = None  # ENQUEUED, sorted queue: a sort key that is a string
+    group: str | None = None  # ENQUEUED, message groups: the value of the queue's group_key

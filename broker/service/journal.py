@@ -62,7 +62,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("timestamp_ms", "int64"), ("max_backlog", "int32"), ("filter", "str"),
     ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"),
     # (added later: empty in older parts, read as all NULL)
-    ("not_before_ms", "int64?"), ("size", "int64?"), ("sort_text", "str"))
+    ("not_before_ms", "int64?"), ("size", "int64?"), ("sort_text", "str"), ("group", "str"))
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
@@ -130,7 +130,7 @@ def transition_from(r: dict[str, Any]) -> Transition:
         seq=r["seq"], timestamp_ms=r["timestamp_ms"], max_backlog=r["max_backlog"],
         filter=r["filter"], priority=r["priority"], barrier=r["barrier"], browse=r["browse"],
         principal=r["principal"], not_before_ms=r.get("not_before_ms"), size=r.get("size"),
-        sort_text=r.get("sort_text"),
+        sort_text=r.get("sort_text"), group=r.get("group"),
     )
 
 
@@ -165,5 +165,5 @@ def transitions_in(part: Part) -> list[Transition]:
                strs("filter"), _nullable(cols, "priority", "d"), [b == 1 for b in cols["barrier"]],
                [b == 1 for b in cols["browse"]], strs("principal"),
                _nullable(cols, "not_before_ms", "q"), _nullable(cols, "size", "q"),
-               strs("sort_text"), strict=True)
+               strs("sort_text"), strs("group"), strict=True)
     return [Transition(*row) for row in rows]  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ Keys (bytes, NUL-separated so a prefix scan never crosses into a neighbour):
   p/BOOKMARK         the record of an unfinished message, shared by every queue holding it
   s/SUB_ID           a live subscription (JSON)
   q/QUEUE            a queue's counters (StoredQueue)
+  g/QUEUE/GROUP      the subscription holding a sticky message group (broker.engine.groups)
   o/READER/TOPIC/PARTITION  the next offset READER (a queue, or "" for the service's own
                      commands and forwarding) reads; -1: not read yet, start at the recovery point
   meta/journal       the journal offset and batch number this state reflects (JSON)
@@ -27,6 +28,8 @@ from broker.packed import (
     AVAILABLE_CODE,
     BARRIER,
     EXPIRY,
+    GROUP,
+    GROUPED,
     HAS_DEADLINE,
     HAS_EXPIRY,
     HAS_HOLDER,
@@ -40,6 +43,8 @@ from broker.packed import (
     SORT_NUMBER,
     SORT_TEXT,
     SORTED,
+    WIDE,
+    WIDE_TAG,
     is_packed_payload,
     pack_payload,
     unpack_payload,
@@ -67,6 +72,10 @@ def sub_key(sub_id: str) -> bytes:
 
 def queue_key(queue: str) -> bytes:
     return b"q" + SEP + queue.encode()
+
+
+def group_key(queue: str, group: str) -> bytes:
+    return b"g" + SEP + queue.encode() + SEP + group.encode()
 
 
 # (reader, topic, partition): reader is a queue name, or "" for the service's own reading
@@ -125,10 +134,10 @@ def encode_message(m: Message) -> bytes:
              and HAS_PRIORITY) | (m.is_barrier and BARRIER) | (m.holder is not None
              and HAS_HOLDER) | (m.expires_ms is not None and HAS_EXPIRY)
              | (m.not_before_ms is not None and HELD) | (m.size > 0 and HAS_SIZE)
-             | (m.sort_value is not None and SORTED))
-    head = MESSAGE.pack(MESSAGE_TAG, m.seq, m.timestamp_ms, _STATE_CODE[m.state],
-                         m.delivery_count, m.cancel_count, m.deadline_ms or 0,
-                         m.priority or 0.0, flags)
+             | (m.sort_value is not None and SORTED) | (m.group is not None and GROUPED))
+    layout, tag = (WIDE, WIDE_TAG) if flags > 255 else (MESSAGE, MESSAGE_TAG)
+    head = layout.pack(tag, m.seq, m.timestamp_ms, _STATE_CODE[m.state], m.delivery_count,
+                       m.cancel_count, m.deadline_ms or 0, m.priority or 0.0, flags)
     if m.expires_ms is not None:
         head += EXPIRY.pack(m.expires_ms)
     if m.not_before_ms is not None:
@@ -142,14 +151,19 @@ def encode_message(m: Message) -> bytes:
             head += SORT_TEXT.pack(kind, len(raw)) + raw
         else:
             head += SORT_NUMBER.pack(kind, value)
+    if m.group is not None:
+        raw = m.group.encode()
+        head += GROUP.pack(len(raw)) + raw
     return head + m.holder.encode() if m.holder is not None else head
 
 
 def decode_message(bm: Bookmark, data: bytes) -> Message:
-    if data[:2] != MESSAGE_TAG:
+    tag = data[:2]
+    if tag != MESSAGE_TAG and tag != WIDE_TAG:
         return _decode_avro_message(bm, data)
-    _, seq, ts, state, dc, cc, deadline, priority, flags = MESSAGE.unpack_from(data)
-    rest = MESSAGE.size
+    layout = MESSAGE if tag == MESSAGE_TAG else WIDE
+    _, seq, ts, state, dc, cc, deadline, priority, flags = layout.unpack_from(data)
+    rest = layout.size
     expires = None
     if flags & HAS_EXPIRY:
         (expires,) = EXPIRY.unpack_from(data, rest)
@@ -174,6 +188,12 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
             _, number = SORT_NUMBER.unpack_from(data, rest)
             sort_value = (kind, number)
             rest += SORT_NUMBER.size
+    group = None
+    if flags & GROUPED:
+        (length,) = GROUP.unpack_from(data, rest)
+        rest += GROUP.size
+        group = data[rest:rest + length].decode()
+        rest += length
     msg = Message(bm, seq, ts, _STATES[state], dc, cc,
                   data[rest:].decode() if flags & HAS_HOLDER else None,
                   deadline if flags & HAS_DEADLINE else None)
@@ -183,6 +203,7 @@ def decode_message(bm: Bookmark, data: bytes) -> Message:
     msg.not_before_ms = not_before
     msg.size = size
     msg.sort_value = sort_value
+    msg.group = group
     return msg
 
 
@@ -285,7 +306,14 @@ class Checkpoint:
             else:
                 deletes.append(payload_key(bm))
         for name in touched_queues:
-            puts[queue_key(name)] = encode_queue(engine.queues[name])
+            q = engine.queues[name]
+            puts[queue_key(name)] = encode_queue(q)
+            changed, q.group_changes = q.group_changes, {}
+            for group, holder in changed.items():
+                if holder is None:
+                    deletes.append(group_key(name, group))
+                else:
+                    puts[group_key(name, group)] = holder.encode()
         for (reader, topic, partition), offset in self.positions.items():
             puts[offset_key(reader, topic, partition)] = str(offset).encode()
         if self.journal_offset is not None:
@@ -338,7 +366,10 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
             decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
         records = ((k[len(prefix):].decode(), v) for k, v in store.scan(prefix))
-        engine.restore_stored(name, records, _load_stored, subs_by_queue.get(name, []), now)
+        held = b"g" + SEP + name.encode() + SEP
+        holders = {k[len(held):].decode(): v.decode() for k, v in store.scan(held)}
+        engine.restore_stored(name, records, _load_stored, subs_by_queue.get(name, []), now,
+                              holders)
 
 
 def _load_stored(bm_text: str, data: bytes) -> Message:

@@ -94,7 +94,7 @@ def test_unreachable_kafka_exits_3_naming_the_address_within_15s(tmp_path):
     ('lease_period = "forever"\n', "'lease_period'"),
     ("colour = 1\n", "'colour': unknown key"),
     ('semantics = "at-most-once"\nfairness = "proportional"\n', "fairness"),
-    ("group_key = \"/g\"\n", "not supported yet: group_key"),
+    ('group_mode = "shared"\n', "group_mode = 'shared' needs group_key"),
 ])
 def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, extra, words):
     cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state", extra=extra)
