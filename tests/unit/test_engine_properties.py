@@ -71,7 +71,21 @@ QUEUES = {
     "REJ": queue("REJ", max_messages=3, overflow_policy="reject", lease_period=Duration(3000)),
     "FLOW": queue("FLOW", max_messages=3, overflow_policy="flow-control",
                   lease_period=Duration(3000)),
+    # message groups by /p: sticky (NULL: no group), and shared (NULL: kq.no-group)
+    "GRP": queue("GRP", group_key="/p", lease_period=Duration(3000),
+                 max_per_subscription_backlog=3),
+    "GRPS": queue("GRPS", group_key="/p", group_mode="shared", lease_period=Duration(3000),
+                  fairness="round-robin"),
 }
+GROUPED = {"GRP": "sticky", "GRPS": "shared"}
+
+
+def group(queue: str, bm: Bookmark) -> str | None:
+    """A message's group, computed here from what was published."""
+    p = DOCS[bm].data.get("p") if bm in DOCS else None
+    if p is None:
+        return "kq.no-group" if GROUPED[queue] == "shared" else None
+    return str(p)
 HOLDS = [None, None, 0, 500, 1500, 7000]  # kq-not-before: none, or this long after arrival
 QUEUE_INDEX = st.integers(0, 63)  # a queue of the machine's `names`: index modulo their count
 FILTERS = [None, "/p > 2", "/kind = 'a'", "/p IS NULL", "/p < 3 AND NOW() >= 0"]  # NOW(): walked
@@ -101,6 +115,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.ever_held: set[Bookmark] = set()  # browsers skip a message while it is held
         self.delays: dict[Bookmark, int] = {}  # an explicit cancel delay, asked for
         self.flow: str | None = None  # the last FLOW record
+        # GRP, GRPS: who holds each group, and (shared) how many of its messages, from the
+        # journal by SPEC 6's rules
+        self.group_holder: dict[tuple[str, str], str] = {}
+        self.group_leased: Counter[tuple[str, str]] = Counter()
         self.restarted = False
 
     def _engine(self) -> Engine:
@@ -116,7 +134,6 @@ class QueueMachine(RuleBasedStateMachine):
             if isinstance(e, Journal):
                 cp.add(e.transition, e.message)
         cp.write(self.store, self.engine)
-        self._check_order(effects)
         for e in effects:
             if isinstance(e, Flow):
                 # (a start says where the queue stands, whatever was said before)
@@ -139,6 +156,8 @@ class QueueMachine(RuleBasedStateMachine):
                 key = (t.queue, t.bookmark)
                 if t.kind is Kind.SUBSCRIBED and t.browse:  # a new browser: it sees all again
                     self.browsed = {(sid, bm) for sid, bm in self.browsed if sid != t.sub_id}
+                if t.queue in GROUPED:
+                    self._follow_groups(t, key)
                 if t.kind in (Kind.LEASED, Kind.SENT):
                     assert key not in self.holder, "leased twice at once"
                     self.holder[key] = t.sub_id
@@ -149,6 +168,40 @@ class QueueMachine(RuleBasedStateMachine):
                     self.enqueued[t.queue] += 1
                 elif t.kind in (Kind.ACKED, Kind.REMOVED, Kind.RELEASED):
                     self.finished[t.queue] += 1
+        self._check_order(effects)  # (with the group holders after the event, as the engine)
+
+    def _follow_groups(self, t, key) -> None:
+        """Sticky: the first subscription to lease a message of a group holds it until it
+        ends. Shared: the one holding unacknowledged messages of it, while it does."""
+        if t.kind is Kind.UNSUBSCRIBED:
+            self.group_holder = {k: s for k, s in self.group_holder.items() if s != t.sub_id}
+            return
+        g = group(t.queue, t.bookmark) if t.bookmark is not None else None
+        if g is None:
+            return
+        if t.kind in (Kind.LEASED, Kind.SENT):
+            holder = self.group_holder.setdefault((t.queue, g), t.sub_id)
+            assert holder == t.sub_id, f"group {g} leased to {t.sub_id} while {holder} holds it"
+            self.group_leased[(t.queue, g)] += 1
+        elif key in self.holder and t.kind in (Kind.ACKED, Kind.RETURNED, Kind.REMOVED,
+                                               Kind.RELEASED):
+            self.group_leased[(t.queue, g)] -= 1
+            if GROUPED[t.queue] == "shared" and not self.group_leased[(t.queue, g)]:
+                del self.group_holder[(t.queue, g)]
+
+    def _may_take(self, queue: str, sub_id: str, m) -> bool:
+        """In a group queue: `m` is first among the available ones of its group (a held one
+        joins its group when released), and its group is free or `sub_id`'s."""
+        if queue not in GROUPED:
+            return True
+        g = group(queue, m.bookmark)
+        if g is None:
+            return True
+        if self.group_holder.get((queue, g), sub_id) != sub_id:
+            return False
+        return not any(o.state.value == "available" and o.not_before_ms is None
+                       and group(queue, o.bookmark) == g and rank(queue, o) < rank(queue, m)
+                       for o in self.engine.queues[queue].by_seq())
 
     def _expect_hold(self, t) -> None:
         """The moment a transition holds a message until is the one SPEC 4 and 6 give."""
@@ -196,10 +249,14 @@ class QueueMachine(RuleBasedStateMachine):
                 continue
             if first is not None:
                 assert msg.seq < first.seq, f"{msg} delivered while barrier {first} waits"
+            if e.queue in GROUPED:
+                assert self._may_take(e.queue, e.sub_id, msg), f"{msg}: not its group's turn"
             for other in (m for m in q.by_seq() if m.state.value == "available"
                           and m.not_before_ms is None):
                 if other.is_barrier or (first is not None and other.seq > first.seq):
                     continue  # a barrier, or held behind one
+                if e.queue in GROUPED and not self._may_take(e.queue, e.sub_id, other):
+                    continue  # another's group, or behind one of its group
                 if rank(e.queue, other) < rank(e.queue, msg):
                     assert not sub.wants(doc(other)), f"{other} should have gone before {msg}"
             if sub.filter is not None:
@@ -345,6 +402,18 @@ class QueueMachine(RuleBasedStateMachine):
             assert self.flow == "resume"
 
     @invariant()
+    def a_group_has_one_holder(self) -> None:
+        """Nobody but a group's holder holds messages of it, and the engine names the same
+        holders as the rules (also after a restart)."""
+        for name in GROUPED:
+            for (qn, bm), sub_id in self.holder.items():
+                g = group(qn, bm) if qn == name else None
+                if g is not None:
+                    assert self.group_holder[(name, g)] == sub_id, f"{g} has two holders"
+            assert self.engine.queues[name].group_owner == {
+                g: s for (qn, g), s in self.group_holder.items() if qn == name}
+
+    @invariant()
     def nothing_waits_that_someone_with_room_wants(self) -> None:
         for q in self.engine.queues.values():
             first = q.first_barrier()
@@ -352,7 +421,8 @@ class QueueMachine(RuleBasedStateMachine):
                     and m.not_before_ms is None and (first is None or m.seq < first.seq)]
             for s in q.subs.values():
                 if s.room > 0 and s.client not in self.engine.unconfirmed:
-                    assert not any(s.wants(doc(m)) for m in free), \
+                    assert not any(s.wants(doc(m)) and self._may_take(q.name, s.sub_id, m)
+                                   for m in free), \
                         "a subscription with room is not given a message it wants"
 
 
@@ -380,6 +450,18 @@ class QpidQueueMachine(QueueMachine):
 TestQpidQueueMachine = QpidQueueMachine.TestCase
 TestQpidQueueMachine.settings = settings(max_examples=200, stateful_step_count=40,
                                          deadline=None)
+
+
+class GroupQueueMachine(QueueMachine):
+    """The same rules on the two message-group queues alone: holders and order are only
+    tested when several subscriptions meet on one group queue."""
+
+    names = sorted(GROUPED)
+
+
+TestGroupQueueMachine = GroupQueueMachine.TestCase
+TestGroupQueueMachine.settings = settings(max_examples=150, stateful_step_count=40,
+                                          deadline=None)
 TestPagedQueueMachine.settings = settings(max_examples=300, stateful_step_count=40,
                                           deadline=None)
 
