@@ -76,13 +76,14 @@ def inspect(
     s = data["summary"]
     console.print(f"[bold]{queue}[/]: depth {s['depth']}, available {s['available']}, "
                   f"held {s.get('held', 0)}, leased {s['leased']}, acked {s['acked']}, "
-                  f"removed {s['removed'] or 0}")
+                  f"removed {s['removed'] or 0}"
+                  + (f", groups held {s['groups_held']}" if s.get("groups_held") else ""))
     now = time.time() * 1000
     render(console, MESSAGE_COLUMNS, [
         (m["bookmark"], m["state"], str(m["delivery_count"]), str(m["cancel_count"]),
          m["holder"] or "-",
          until(m.get("not_before_ms") or m["lease_deadline_ms"], now),
-         age(m["age_ms"]))
+         age(m["age_ms"]), m.get("group") or "-")
         for m in data["messages"]])
     shown = len(data["messages"])
     if data.get("truncated") and data.get("scanned", 0) > shown and filter:
@@ -100,7 +101,8 @@ def until(at_ms: int | None, now: float) -> str:
 # dlv: deliveries; cxl: cancels; lease: time left on the lease (held: until it is available)
 MESSAGE_COLUMNS = (Col("bookmark", key=True), Col("state"), Col("dlv", number=True),
                    Col("cxl", number=True), Col("holder", key=True),
-                   Col("lease", number=True), Col("age", number=True, drop=1))
+                   Col("lease", number=True), Col("age", number=True, drop=2),
+                   Col("group", drop=1))
 
 
 def subscribers(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 from broker.engine.engine import Engine
@@ -23,6 +24,7 @@ def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
         "available": q.available_count(),
         "leased": q.leased_count(),
         "held": len(q.held),
+        "groups_held": len(q.group_owner),  # message groups a subscription holds
         "subscribers": subscribers,
         "oldest_age_ms": None if oldest is None else max(0, now - oldest),
         "enqueued": q.stats.enqueued,
@@ -158,6 +160,7 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
             "cancel_count": m.cancel_count, "holder": holder.client if holder else None,
             "sub_id": m.holder, "lease_deadline_ms": m.deadline_ms, "priority": m.priority,
             "not_before_ms": m.not_before_ms, "sort_key": sort_key_of(m),
+            "group": q.group_of(m),
         })
     points = q.recovery_points(positions(name))
     return {
@@ -169,4 +172,17 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
         "scanned": scanned,
         "recovery_points": [{"topic": t, "partition": p, "offset": o}
                             for (t, p), o in sorted(points.items())],
+        "groups": _groups(engine, q, limit),
     }
+
+
+def _groups(engine: Engine, q: QueueState, limit: int) -> list[dict[str, Any]]:
+    """The message groups a subscription holds (the first `limit` taken: no walk of
+    every group)."""
+    rows = []
+    for group, sub_id in islice(q.group_owner.items(), limit):
+        sub = engine.subs.get(sub_id)
+        head = q.group_head.get(group)
+        rows.append({"group": group, "sub_id": sub_id, "holder": sub.client if sub else None,
+                     "next": str(head.bookmark) if head else None})
+    return rows

@@ -38,7 +38,7 @@ def test_wide_terminals_get_every_column():
 
 def test_message_and_subscriber_tables_keep_bookmarks_and_clients_whole_at_80():
     messages = [("ORDERS_ANALYTICS_DIRECT/3/1234567", "leased", "3", "1", "worker-eu-west-17",
-                 "59.0s", "1.2h")]
+                 "59.0s", "1.2h", "cart-20931")]
     subs = [("worker-eu-west-17", "ORDERS_ANALYTICS_DIRECT", "queue", "50", "50", "0.4s ago",
              "5f0c2a9e41b7d3c8")]
     for columns, rows in ((MESSAGE_COLUMNS, messages), (SUBSCRIBER_COLUMNS, subs)):

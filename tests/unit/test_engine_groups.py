@@ -286,3 +286,17 @@ def test_a_replayed_journal_rebuilds_the_holders():
     assert [m.bookmark for m in replayed.group_free.values()] == []
     assert {o: list(hs) for o, hs in replayed.group_owned.items()} == {
         o: list(hs) for o, hs in live.group_owned.items()}
+
+
+def test_inspect_shows_each_messages_group_and_who_holds_which():
+    from broker.service.queries import answer
+    h = grouped(group_mode="shared")
+    h.subscribe("w1", backlog=1)
+    send(h, "A")
+    send(h, "A")
+    send(h)
+    data = answer(h.engine, {"what": "inspect", "queue": "Q"}, h.now, lambda name: {})
+    assert [(m["group"], m["state"]) for m in data["messages"]] == [
+        ("A", "leased"), ("A", "available"), (NO_GROUP, "available")]
+    assert data["groups"] == [{"group": "A", "sub_id": "w1-Q", "holder": "w1", "next": "T/0/1"}]
+    assert data["summary"]["groups_held"] == 1
