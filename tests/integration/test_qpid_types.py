@@ -250,6 +250,49 @@ def test_a_sorted_queue_delivers_by_its_key_across_a_kill(bootstrap, tmp_path):
         assert [m.bookmark for m in got][-1] == sent[2]
 
 
+def test_message_groups_keep_one_holder_and_their_order_across_a_kill(bootstrap, tmp_path):
+    """Message groups (sticky) by the kq-group header: a group's messages go to one
+    consumer at a time, in order; a busy group does not hold up another; after kill -9 the
+    groups are still held by the same consumers (even one with nothing leased); when a
+    holder closes its subscription, its group moves."""
+    with serving_one_queue(bootstrap, tmp_path, "GROUPS", 'group_key = "header(\'kq-group\')"\n'
+                           'lease_period = "1h"\n') as (name, cfg, prefix, serve):
+        def send(group: str, n: int) -> str:
+            (bm,) = publish(bootstrap, name, [json.dumps({"n": n}).encode()], key=b"k",
+                            headers=[("kq-group", group.encode())])  # one key: in order
+            return bm
+
+        cart1 = [send("cart-1", 1), send("cart-1", 2)]
+        cart2 = send("cart-2", 1)
+        wait_for(lambda: enqueued(cfg) == 3, what="all three enqueued")
+        with QueueClient(bootstrap, name="one", topic_prefix=prefix) as one, \
+                QueueClient(bootstrap, name="two", topic_prefix=prefix) as two:
+            sub_one = one.subscribe(name, max_backlog=1)
+            (first,) = drain(sub_one, 1)
+            sub_two = two.subscribe(name, max_backlog=5)
+            (other,) = drain(sub_two, 1)
+            # cart-1's second message waits for its holder; cart-2 goes past it
+            assert (first.bookmark, other.bookmark) == (cart1[0], cart2)
+            other.ack()
+            two.flush()
+            wait_for(lambda: row(cfg)["acked"] == 1, what="cart-2 acked")
+            killed_and_started(serve)  # the holders come back from RocksDB
+            rows = json.loads(kq("inspect", name, "--config", str(cfg), "--json").stdout)
+            assert {g["group"]: g["holder"] for g in rows["groups"]} == {
+                "cart-1": "one", "cart-2": "two"}
+            assert {m["bookmark"]: (m["group"], m["state"]) for m in rows["messages"]} == {
+                cart1[0]: ("cart-1", "leased"), cart1[1]: ("cart-1", "available")}
+            first.ack()
+            (second,) = drain(sub_one, 1)
+            assert second.bookmark == cart1[1]  # in order, to its holder
+            third = send("cart-2", 2)  # two holds cart-2, with nothing of it leased
+            (again,) = drain(sub_two, 1)
+            assert again.bookmark == third
+            sub_one.close()  # cart-1 moves to the consumer left
+            (moved,) = drain(sub_two, 1)
+            assert moved.bookmark == cart1[1] and moved.delivery_count == 2
+
+
 def test_exactly_once_commits_in_kafka_transactions_and_loses_nothing_across_a_kill(
         bootstrap, tmp_path):
     """[service] exactly_once: each commit is a Kafka transaction. The embedded broker runs
