@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedDict
 
+from broker.expr import compile_expression
 from broker.values import Bookmark
 
 if TYPE_CHECKING:
@@ -71,16 +72,27 @@ class BarrierWaits:
             self.count(seq, 1)
 
 
-class BarrierGroups:
+class BehindBarriers:
     """A part of `QueueState` (its base class): in a priority queue holding barriers, the
-    available messages behind each barrier, grouped by the nearest barrier before them
+    available messages behind each barrier, gathered by the nearest barrier before them
     (`behind`), and those no barrier precedes (`ahead`, the only ones dispatch may take)."""
 
-    barriers: SortedDict
-    ahead: SortedDict | None
-    behind: dict[int, dict[Bookmark, Message]]
+    ranked: bool
     matching: dict[str, SortedDict]
     fresh: list[Message]
+
+    def _init_barriers(self, expression: str | None) -> None:
+        self.barrier = compile_expression(expression) if expression else None
+        self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
+        # Priority queues with barriers: the available messages no barrier precedes (the
+        # only ones dispatch may take, best first; barriers themselves are sent by their own
+        # rule and are in neither), and the others gathered by the nearest barrier before
+        # them (barrier seq -> bookmark -> message). When a barrier leaves, what it gathered
+        # joins the one before it, or `ahead`: each message moves once per barrier.
+        self.ahead: SortedDict | None = SortedDict() if self.ranked and expression else None
+        self.behind: dict[int, dict[Bookmark, Message]] = {}
+        # Barrier queues: how many unfinished messages each barrier waits for
+        self.waits: BarrierWaits | None = BarrierWaits() if expression else None
 
     def _barrier_before(self, seq: int) -> int:
         """The seq of the nearest barrier queued before `seq` (-1: none)."""
@@ -88,23 +100,23 @@ class BarrierGroups:
         return self.barriers.keys()[i - 1] if i else -1
 
     def _hold_behind(self, msg: Message) -> bool:
-        """Put an available message in the group of the barrier before it, if there is one."""
+        """Put an available message with the others behind the barrier before it, if any."""
         before = self._barrier_before(msg.seq)
         if before < 0:
             return False
         self.behind.setdefault(before, {})[msg.bookmark] = msg
         return True
 
-    def _release_group(self, barrier_seq: int) -> None:
+    def _release_behind(self, barrier_seq: int) -> None:
         """A barrier left: what waited behind it waits behind the one before, or goes ahead."""
         if self.ahead is None:
             return
-        group = self.behind.pop(barrier_seq, {})
+        gathered = self.behind.pop(barrier_seq, {})
         before = self._barrier_before(barrier_seq)
         if before >= 0:
-            self.behind.setdefault(before, {}).update(group)
+            self.behind.setdefault(before, {}).update(gathered)
             return
-        for msg in group.values():
+        for msg in gathered.values():
             self.ahead[msg.order] = msg
             if self.matching:
                 self.fresh.append(msg)

@@ -15,7 +15,7 @@ from typing import Any
 from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
-from broker.engine.barriers import BarrierGroups, BarrierWaits
+from broker.engine.barriers import BehindBarriers
 from broker.engine.groups import MessageGroups
 from broker.engine.holding import Holding
 from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
@@ -34,7 +34,7 @@ NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value,
                                Reason.REPLACED.value})
 
 
-class QueueState(Window, Holding, BarrierGroups, MessageGroups):
+class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
@@ -73,19 +73,7 @@ class QueueState(Window, Holding, BarrierGroups, MessageGroups):
         # than start_ms are not enqueued; 0 for earliest). None until first configured.
         self.recovery_point: str | None = None
         self.start_ms = 0
-        self.barrier = (compile_expression(config.barrier_expression)
-                        if config.barrier_expression else None)
-        self.barriers: SortedDict = SortedDict()  # seq -> every barrier still queued
-        # Priority queues with barriers: the available messages no barrier precedes (the only
-        # ones dispatch may take, best first; barriers themselves are sent by their own
-        # rule and are in neither), and the others grouped by the nearest barrier
-        # before them (barrier seq -> bookmark -> message). When a barrier leaves, its group
-        # joins the one before it, or `ahead`: each message moves once per barrier.
-        self.ahead: SortedDict | None = (SortedDict() if self.ranked
-                                         and config.barrier_expression else None)
-        self.behind: dict[int, dict[Bookmark, Message]] = {}
-        # Barrier queues: how many unfinished messages each barrier waits for
-        self.waits: BarrierWaits | None = BarrierWaits() if config.barrier_expression else None
+        self._init_barriers(config.barrier_expression)  # (engine.barriers)
         # Per subscription filter (by text): the available messages it matches (barriers
         # aside: they go by their own rule), in delivery order, so a filtered subscription
         # finds its next message without walking the queue. Kept by the dispatcher: messages
@@ -315,7 +303,7 @@ class QueueState(Window, Holding, BarrierGroups, MessageGroups):
                 self.barriers.pop(msg.seq, None)
                 if self.waits is not None:
                     self.waits.barrier_left(msg.seq)
-                self._release_group(msg.seq)
+                self._release_behind(msg.seq)
             if new_state is MessageState.ACKED:
                 self.stats.acked += 1
                 self.pending_acks.discard(msg.bookmark)
