@@ -113,7 +113,7 @@ def test_the_example_config_is_valid():
     cfg = load_config(Path(__file__).parents[2] / "ops" / "queues.example.toml")
     assert {q.name for q in cfg.queue} == {"ORDERS_ANALYTICS", "ORDERS_RISK", "JOBS", "TICKETS",
                                            "PRICES", "REMINDERS", "POSITIONS", "METRICS",
-                                           "UPLOADS", "EVENTS", "DEADLINES"}
+                                           "UPLOADS", "EVENTS", "DEADLINES", "CARTS"}
 
 
 @pytest.mark.parametrize(("text", "ms"), [("500ms", 500), ("30s", 30_000), ("5m", 300_000),
