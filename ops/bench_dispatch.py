@@ -16,6 +16,8 @@ O(log n) when the figure does not grow with the depth.
   sorted            sort_key /k: random numbers and strings (Qpid sorted queue)
   lvq               lvq_key /k over `depth` keys: arrivals replace older values (Qpid LVQ)
   ring              max_messages = depth, overflow_policy = ring: each arrival removes one
+  groups            group_key /g over 1,000 groups, behind depth/2 messages of one group
+                    that another subscription holds and never acks (Qpid message groups)
 
 Run: python ops/bench_dispatch.py [--depths 20000,1000000] [--steps 500] [--cases ...]
 """
@@ -127,10 +129,19 @@ def ring(depth: int) -> tuple[Feed, Callable[[], dict]]:
     return feed, lambda: {"n": 1}
 
 
+def groups(depth: int) -> tuple[Feed, Callable[[], dict]]:
+    feed = Feed(group_key="/g")
+    for _ in range(depth // 2):
+        feed.publish({"g": "busy"})
+    feed.subscribe("busy")  # takes the group "busy": the rest of it waits at the front
+    feed.held.clear()  # never acked
+    return feed, lambda: {"g": f"g{feed.rng.randrange(1000)}"}
+
+
 CASES = {"plain": plain, "priority": priority, "levels": levels, "filter": filtered,
          "clock-filter": clock_filtered, "barrier": barrier,
          "target-depth": target_depth, "priority+barrier": priority_barrier,
-         "sorted": sorted_by_key, "lvq": last_value, "ring": ring}
+         "sorted": sorted_by_key, "lvq": last_value, "ring": ring, "groups": groups}
 
 
 def measure(case: str, depth: int, steps: int) -> float:
@@ -140,7 +151,7 @@ def measure(case: str, depth: int, steps: int) -> float:
         for _ in range(BACKLOG):
             feed.publish(data())
         feed.publish({"flush": True})  # waits for the first BACKLOG to be acked
-    for _ in range(depth):
+    for _ in range(depth - len(feed.engine.queues["Q"].messages)):
         feed.publish(data())
     if case == "filter":
         feed.subscribe("f", "/sym = 'IBM'")
