@@ -107,6 +107,7 @@ class Dispatcher(EnginePart):
         pick = PICKERS[q.config.effective_fairness]
         said: dict[tuple[str, Bookmark], bool] = {}  # what filters said, for this dispatch
         while True:
+            q.refill()
             best: Message | None = None
             takers: list[Subscription] = []
             for sub in subs:
@@ -119,10 +120,45 @@ class Dispatcher(EnginePart):
                     takers.append(sub)
                 else:
                     best, takers = msg, [sub]
+            if best is None:  # nothing in memory for anyone with room: the pager, then
+                best, takers = self._group_head_in_pager(q, subs, now) or (None, [])
             chosen = pick(takers, q.rr_last) if best is not None else None
             if best is None or chosen is None:
                 return
-            self._lease(q, chosen, best, now)
+            self._lease(q, chosen, best, now)  # (from the pager: paged in, then leased)
+
+    def _group_head_in_pager(self, q: QueueState, subs: list[Subscription],
+                             now: int) -> tuple[Message, list[Subscription]] | None:
+        """The first paged-out message that is its group's first and that a subscription
+        with room may take, with those subscriptions; looking at no more than PAGED_SCAN
+        (then None: the scan goes on from there next time, a tick included)."""
+        with_room = [s for s in subs if s.room > 0]
+        if not with_room or not q.paged or q.pager is None:
+            return None
+        budget = PAGED_SCAN
+        while budget > 0:
+            from_start = q.group_scan is None
+            page = q.pager.after(q.name, q.group_scan, budget)
+            budget -= len(page)
+            for msg in page:
+                q.group_scan = msg.order
+                group = q.group_of(msg)
+                if group is not None and (group in q.group_head or group in q.group_seen):
+                    continue  # not its group's first
+                if group is not None:
+                    q.group_seen.add(group)
+                holder = q.holder_of(msg)
+                doc = self.doc_of(q, msg, now) if any(s.filter for s in with_room) else None
+                takers = [s for s in with_room if holder in (None, s.sub_id) and s.wants(doc)]
+                if takers:
+                    q.group_seen.discard(group or "")  # (taken: the next one is its first)
+                    return msg, takers
+            if budget > 0:  # the end: round again, from the start
+                q.group_scan = None
+                q.group_seen.clear()
+                if from_start:
+                    break
+        return None
 
     def _first_for(self, q: QueueState, sub: Subscription, now: int,
                    said: dict[tuple[str, Bookmark], bool]) -> Message | None:

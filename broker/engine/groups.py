@@ -16,8 +16,12 @@ Who holds a group follows from the journaled transitions, so a replay rebuilds i
           ungrouped messages form the group `kq.no-group`. Rebuilt from the leased
           messages alone.
 
-Group queues keep all their available messages in memory (they are not paged: a group's
-next head must be found at once when its head leaves).
+The indexes cover the available messages held in memory. Those paged out all come after
+them (broker.engine.window), so a group's first message in memory is its first of all, and
+a group with none in memory has its first among the paged-out ones, where dispatch looks
+when nothing in memory is for a subscription with room (a window full of busy groups): a
+bounded scan in delivery order (`group_scan`: where it goes on; `group_seen`: groups met
+on the way, whose later messages are not their first).
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class MessageGroups:
         self.group_taken: Counter[str] = Counter()  # shared: messages the holder holds
         # sticky: holders changed since the store last wrote them (None: freed)
         self.group_changes: dict[str, str | None] = {}
+        self.group_scan: Any = None  # the order the scan of the pager reached (None: start)
+        self.group_seen: set[str] = set()
 
     def group_value(self, doc: Doc | None) -> str | None:
         """A new message's group (journaled with its arrival)."""

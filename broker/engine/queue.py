@@ -45,9 +45,8 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.sorted_by = self.ordering if isinstance(self.ordering, BySortKey) else None
         # Nor ranked ring queues (their victim, the oldest of the lowest priority, is found in
         # memory; their limits bound them anyway).
-        # Nor group queues (broker.engine.groups).
-        self.pager = None if config.group_key or self.ranked and (
-            config.barrier_expression or config.overflow_policy == "ring") else pager
+        self.pager = None if self.ranked and (config.barrier_expression or
+                                              config.overflow_policy == "ring") else pager
         self.window = max(1, window)
         self.paged = 0  # available messages paged out
         self._floor: Any = None  # the delivery order of the first of them

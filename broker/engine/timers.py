@@ -29,6 +29,8 @@ class Timers(EnginePart):
                 self._touched.add(q.name)  # held messages became available
             if q.flow_paused is None and q.config.overflow_policy == "flow-control":
                 self._touched.add(q.name)  # say once after a start whether it is paused
+            if q.group_scan is not None:
+                self._touched.add(q.name)  # a look for message groups in the pager goes on
             if any(b.looked_upto < q.stats.next_seq - 1 for b in q.browsers.values()):
                 self._touched.add(q.name)  # browsers still catching up
             if (q.available and now - q.clock_checked_ms >= CLOCK_RECHECK_MS

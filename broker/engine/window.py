@@ -44,6 +44,8 @@ class Window:
     paged: int
     _floor: Any
     filter_scan: dict[str, Any]
+    group_scan: Any
+    group_seen: set[str]
     messages: dict[Bookmark, Message]
     available: SortedDict
     barriers: SortedDict
@@ -97,6 +99,9 @@ class Window:
         for text, scanned in self.filter_scan.items():
             if scanned is not None and msg.order <= scanned:
                 self.filter_scan[text] = None  # look again from the start
+        if self.group_scan is not None and msg.order <= self.group_scan:
+            self.group_scan = None  # (engine.groups) the same: its group may not be first
+            self.group_seen.clear()
 
     def _evict(self) -> None:
         """Too many available messages in memory: page out the last ones."""

@@ -300,3 +300,21 @@ def test_inspect_shows_each_messages_group_and_who_holds_which():
         ("A", "leased"), ("A", "available"), (NO_GROUP, "available")]
     assert data["groups"] == [{"group": "A", "sub_id": "w1-Q", "holder": "w1", "next": "T/0/1"}]
     assert data["summary"]["groups_held"] == 1
+
+
+def test_a_paged_out_message_goes_only_when_it_is_its_groups_first():
+    """Window 1: dispatch looks in the pager when nothing in memory is for a subscription
+    with room, and takes only a group's first message there."""
+    engine = Engine([queue(group_key="/g", max_per_subscription_backlog=10)], window=1)
+    out = []
+
+    def send(n: int, group: str) -> None:
+        doc = Doc({"g": group, "n": n}, {})
+        out.extend(engine.handle(ev.MessageArrived("Q", Bookmark("T", 0, n), 1, 10, doc), 1))
+
+    out += engine.handle(ev.Subscribed("w", "w-Q", "Q", 10, "r", filter="/n <> 1"), 1)
+    send(0, "A")  # taken: w holds A
+    for n, group in ((1, "A"), (2, "A"), (3, "B"), (4, "B")):
+        send(n, group)  # A1 (which w does not take) blocks A; B is free
+    assert [d.bookmark.offset for d in out if hasattr(d, "bookmark")] == [0, 3, 4]
+    assert engine.queue("Q").paged == 1  # A2, behind A1
