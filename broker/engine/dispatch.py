@@ -135,10 +135,11 @@ class Dispatcher(EnginePart):
         with_room = [s for s in subs if s.room > 0]
         if not with_room or not q.paged or q.pager is None:
             return None
-        budget = PAGED_SCAN
+        budget, asked = PAGED_SCAN, 16  # read in growing pages: the first is usually it
         while budget > 0:
             from_start = q.group_scan is None
-            page = q.pager.after(q.name, q.group_scan, budget)
+            asked = min(budget, asked * 2)
+            page = q.pager.after(q.name, q.group_scan, asked)
             budget -= len(page)
             for msg in page:
                 q.group_scan = msg.order
@@ -153,7 +154,7 @@ class Dispatcher(EnginePart):
                 if takers:
                     q.group_seen.discard(group or "")  # (taken: the next one is its first)
                     return msg, takers
-            if budget > 0:  # the end: round again, from the start
+            if len(page) < asked:  # the end: round again, from the start
                 q.group_scan = None
                 q.group_seen.clear()
                 if from_start:
