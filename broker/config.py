@@ -7,6 +7,7 @@ kq rules that span keys and turns every failure into one `ConfigError` naming qu
 from __future__ import annotations
 
 import re
+import socket
 import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
 from broker.errors import ConfigError, ExpressionError
 from broker.expr import compile_expression
 from broker.formats import load_schema
+from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, Duration
 
 
@@ -89,6 +91,7 @@ class QueueConfig(_Strict):
     redelivery_backoff: Literal["fixed", "exponential"] = "fixed"
     max_redelivery_delay: DurationField | None = None
     schema_: str | None = Field(None, alias="schema")
+    shard: int | None = Field(None, ge=0)  # else a stable hash of the name (broker.shards)
 
     @field_validator("priority", "barrier_expression", "lvq_key", "sort_key", "group_key")
     @classmethod
@@ -243,7 +246,12 @@ class ServiceConfig(_Strict):
     # RocksDB's block caches and memtables together stay within this (e.g. "64MiB", "1GB")
     memory_budget: ByteSize = Field(ByteSize(64 * 1024 * 1024), ge=16 * 1024 * 1024)
     kafka: dict[str, str | int | bool] = Field(default_factory=dict)
-
+    # Scale-out (SPEC 12): the queues are split into `shards`, each owned by one instance of
+    # the consumer group PREFIX.service at a time; fixed once the journal exists.
+    shards: int = Field(1, ge=1, le=256)
+    instance: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    session_timeout: DurationField = Duration(10_000)
+    standby_replicas: int = Field(0, ge=0, le=1)
 
 
 class Config(_Strict):
@@ -270,7 +278,21 @@ class Config(_Strict):
             if q.name in seen:
                 raise ValueError(f"queue {q.name!r} is defined twice")
             seen.add(q.name)
+            if q.shard is not None and q.shard >= self.service.shards:
+                raise ValueError(f"queue {q.name!r}: shard = {q.shard} but [service] shards = "
+                                 f"{self.service.shards} (shards are numbered 0 to "
+                                 f"{self.service.shards - 1})")
         return self
+
+    def shard_of(self, queue: str) -> int:
+        """The shard that owns a queue: its `shard` key, else a stable hash of its name."""
+        q = self.queues.get(queue)
+        if q is not None and q.shard is not None:
+            return q.shard
+        return shard_by_name(queue, self.service.shards)
+
+    def queues_of_shard(self, shard: int) -> tuple[QueueConfig, ...]:
+        return tuple(q for q in self.queue if self.shard_of(q.name) == shard)
 
     @property
     def queues(self) -> dict[str, QueueConfig]:

@@ -36,3 +36,9 @@ class KafkaUnavailableError(KqError):
 
 class DeliveryFailedError(KqError):
     """A record the service produced was not acknowledged by Kafka."""
+
+
+class FencedError(KqError):
+    """This instance no longer owns a shard: another took it over (its takeover marker is in
+    the shard's journal after our last record, or the group gave the shard away). The shard's
+    runner stops at once, writing nothing more for it."""

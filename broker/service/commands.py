@@ -27,6 +27,19 @@ class Invalid:
     message: str
 
 
+def queue_of(value: bytes | None) -> str | None:
+    """The queue a command record is about (a query's too), or None (a client-wide command,
+    or a record that does not decode: the shard it came to refuses it)."""
+    try:
+        c = wire.decode("command", value or b"")
+        if c["type"] == "query":
+            queue = json.loads(c["query"] or "{}").get("queue")
+            return queue if isinstance(queue, str) else None
+    except (ValueError, AttributeError):
+        return None
+    return c["queue"] or None
+
+
 def decode_command(value: bytes | None,
                    principal: str | None = None) -> list[ev.Event | Query | Invalid]:
     """The events a command record stands for. `principal` is who sent it as the topic it

@@ -57,6 +57,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
+from broker.service.fence import Fence
 from broker.service.journal import encode_columns
 from broker.state.layout import Checkpoint, Payload, StateChanges, message_key
 from broker.state.store import Store
@@ -115,16 +116,20 @@ def latest_cursors(transitions: list[Transition]) -> list[Transition]:
 
 class Committer:
     def __init__(self, producer: Producer, store: Store, engine: Engine, journal_topic: str,
-                 next_batch: int, transactional: bool = False) -> None:
+                 next_batch: int, transactional: bool = False, partition: int = 0,
+                 fence: Fence | None = None) -> None:
         self._producer = producer
         self.transactional = transactional  # the producer has a transactional.id
         self._store = store
         self._engine = engine
         self._journal_topic = journal_topic
+        self._partition = partition  # the shard's journal partition
+        self._fence = fence
         self.next_batch = next_batch
         self._held: _Held | None = None
         # The journal only grows; an offset at or below the last one means Kafka lost it.
         self.last_offset = -1
+        self.writer: str | None = None  # our start-up marker's nonce, named in every part
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
         self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
@@ -145,6 +150,8 @@ class Committer:
         """Steps 1 and 2 of this batch, 3 and 4 of the one held; then hold this one."""
         if not (cp.transitions or cp.positions or outbox):
             return
+        if self._fence is not None:
+            self._fence.before_commit(self.last_offset)  # a frozen owner finds out here
         held, self._held = self._held, None
         with self._atomically():
             self._produce_all(outbox.copies, fatal=True, what="forward/dead-letter copies")
@@ -153,6 +160,8 @@ class Committer:
             offsets = self._produce_all(journal, fatal=True, what="journal",
                                         also=held.deliveries if held else ())
         if journal:
+            if self._fence is not None:  # before anything of this batch goes out
+                self._fence.after_journal(self.last_offset, offsets[0])
             self._journaled(cp, offsets)
         self._crash_point(2, cp)
         if held is not None:
@@ -166,6 +175,8 @@ class Committer:
         held, self._held = self._held, None
         if held is None:
             return
+        if self._fence is not None:
+            self._fence.before_commit(self.last_offset)
         with self._atomically():
             self._produce_all(held.deliveries, fatal=False, what="deliveries")
         self._crash_point(3, held.cp)
@@ -219,11 +230,11 @@ class Committer:
         return [
             OutRecord(self._journal_topic, wire.encode("journal", {
                 "batch": cp.batch, "part": i, "parts": len(chunks), "written_ms": now,
-                "marker": None,
+                "marker": None, "writer": self.writer,
                 # positions ride on the last part: they count only once the batch is whole
                 "inputs": inputs if i == len(chunks) - 1 else [],
                 "transitions": [], "columns": encode_columns(chunk),
-            }), partition=0)
+            }), partition=self._partition)
             for i, chunk in enumerate(chunks)
         ]
 
@@ -243,10 +254,14 @@ class Committer:
         """A journal record recovery reads up to, proving it has seen the whole tail."""
         record = OutRecord(self._journal_topic, wire.encode("journal", {
             "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
-            "marker": nonce, "inputs": [], "transitions": []}), partition=0)
+            "marker": nonce, "writer": None, "inputs": [], "transitions": []}),
+            partition=self._partition)
         with self._atomically():
             offset = self._produce_all([record], fatal=True, what="journal marker")[0]
         self.last_offset = max(self.last_offset, offset)
+        self.writer = nonce  # from now on our parts count, until someone else's marker
+        if self._fence is not None:
+            self._fence.writer = nonce
         return offset
 
     def _produce_all(self, records: list[OutRecord], fatal: bool, what: str,

@@ -40,12 +40,14 @@ IDLE_AFTER_S = 0.5
 class Inputs:
     def __init__(self, consumer: Consumer, commands: Consumer, admin: AdminClient,
                  router: Router, engine: Engine, command_topics: list[str],
-                 positions: dict[ReaderKey, int], required: tuple[str, ...] = ()) -> None:
+                 positions: dict[ReaderKey, int], required: tuple[str, ...] = (),
+                 command_partition: int = 0) -> None:
         self._consumer, self._admin, self._router = consumer, admin, router
         self._last_input = 0.0  # monotonic time records last came in
         self._commands = commands
         self._engine = engine
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
+        self.command_partition = command_partition  # the shard's
         # kq's own topics, created at start: one missing later means Kafka lost its data
         self.required = {*command_topics, *required}
         self._missing_before = False
@@ -57,12 +59,13 @@ class Inputs:
         self._paused: set[tuple[str, int]] = set()
 
     def start(self) -> None:
+        p = self.command_partition
         for topic in self.command_topics:
-            key = (SERVICE, topic, 0)
+            key = (SERVICE, topic, p)
             if self.positions.get(key, UNSET) < 0:
                 # Commands sent before a fresh start are stale: begin at the current end.
-                self.positions[key] = clients.end_offset(self._consumer, topic, 0)
-        self._commands.assign([TopicPartition(t, 0, self.positions[(SERVICE, t, 0)])
+                self.positions[key] = clients.end_offset(self._consumer, topic, p)
+        self._commands.assign([TopicPartition(t, p, self.positions[(SERVICE, t, p)])
                                for t in self.command_topics])
         self.refresh(force=True)
 

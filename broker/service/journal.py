@@ -18,10 +18,23 @@ class BatchAssembler:
     A batch counts only when its parts arrive whole and in order: leftovers of a batch cut
     short by a crash are dropped (their inputs were never committed, so they are read again),
     and so are parts interrupted by a start-up marker.
+
+    Fencing: every service writes a start-up marker before anything else, and names it as the
+    `writer` of each part it writes after. A part counts only when its writer wrote the last
+    marker before it; parts of an owner that lost its shard and wrote on (a frozen process
+    woken up) land after the new owner's marker and are dropped, by every reader alike.
+    Parts without a writer (journal versions before 5) count as before.
     """
 
     def __init__(self) -> None:
         self._pending: list[Part] = []
+        self.reign: str | None = None  # the last marker's nonce: whose parts count
+        self.fenced = 0  # parts dropped for it
+
+    def counts(self, part: Part) -> bool:
+        """Whether a part's writer still owned the shard when it was written."""
+        writer = part.get("writer")
+        return writer is None or self.reign is None or writer == self.reign
 
     def continues(self, part: Part) -> bool:
         """Whether this part is the next one of the batch being assembled (a reader of an
@@ -34,6 +47,10 @@ class BatchAssembler:
         """The whole batch this part completes, or None."""
         if part["marker"] is not None:
             self._pending = []
+            self.reign = part["marker"]
+            return None
+        if not self.counts(part):
+            self.fenced += 1
             return None
         if part["part"] == 0:
             self._pending = [part]

@@ -12,9 +12,10 @@ from broker.engine.transitions import Kind, Transition
 
 
 class Metrics:
-    def __init__(self, engine: Engine) -> None:
+    """One per process: every shard the instance runs reports into it."""
+
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._engine = engine
         self.transitions = Counter("kq_transitions", "Queue state transitions",
                                    ["queue", "kind", "reason"], registry=self.registry)
         self.records_in = Counter("kq_records_consumed", "Records consumed (sources and "
@@ -32,14 +33,15 @@ class Metrics:
         if port:
             start_http_server(port, registry=self.registry)
 
-    def observe(self, transitions: Iterable[Transition], records_in: int) -> None:
+    def observe(self, engine: Engine, transitions: Iterable[Transition],
+                records_in: int) -> None:
         counts = Counter_((t.queue, t.kind, t.reason) for t in transitions)
         for (queue, kind, reason), n in counts.items():
             self.transitions.labels(queue, kind.value, reason or "").inc(n)
         touched = {queue for queue, kind, _ in counts if kind is not Kind.SUBSCRIBED}
         self.records_in.inc(records_in)
         for name in touched:
-            q = self._engine.queues.get(name)
+            q = engine.queues.get(name)
             if q is not None:
                 self.available.labels(name).set(q.available_count())
                 self.depth.labels(name).set(q.depth())

@@ -41,7 +41,7 @@ SNAPSHOT = "snapshot"  # answered between batches, by `snapshot`, not by `answer
 SNAPSHOT_ROWS_PER_REPLY = 5_000
 
 
-def snapshot(engine: Engine, batch: int) -> list[dict[str, Any]]:
+def snapshot(engine: Engine, batch: int, shard: int = 0) -> list[dict[str, Any]]:
     """Every queue's messages and counters as they stand after journal batch `batch`, for
     `kq journal audit`, in reply chunks. One walk of every queue: an audit is asked for by
     a person, not polled."""
@@ -55,18 +55,20 @@ def snapshot(engine: Engine, batch: int) -> list[dict[str, Any]]:
                          m.cancel_count, holder.client if holder else None])
     chunks = [rows[i:i + SNAPSHOT_ROWS_PER_REPLY]
               for i in range(0, len(rows), SNAPSHOT_ROWS_PER_REPLY)] or [[]]
-    first = {"batch": batch, "queues": counters,
+    first = {"batch": batch, "shard": shard, "queues": counters,
              "columns": ["queue", "bookmark", "state", "delivery_count", "cancel_count",
                          "holder"]}
     return [{**(first if i == 0 else {}), "chunk": i, "chunks": len(chunks), "rows": chunk}
             for i, chunk in enumerate(chunks)]
 
 
-def answer(engine: Engine, args: dict[str, Any], now: int,
-           positions: PositionsOf) -> dict[str, Any]:
+def answer(engine: Engine, args: dict[str, Any], now: int, positions: PositionsOf,
+           where: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`where`: the shard and its owner, added to each queue row."""
     what = args.get("what")
     if what == "queues":
-        return {"queues": [queue_row(q, now, len(q.subs)) for q in engine.queues.values()]}
+        return {"queues": [{**queue_row(q, now, len(q.subs)), **(where or {})}
+                           for q in engine.queues.values()]}
     if what == "inspect":
         return _inspect(engine, args, now, positions)
     if what == "subscribers":

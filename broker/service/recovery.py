@@ -50,7 +50,8 @@ class Recovered:
 
 
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
-            write_marker, now: int, fetcher: Consumer) -> Recovered:  # noqa: ANN001
+            write_marker, now: int, fetcher: Consumer,  # noqa: ANN001
+            partition: int = 0) -> Recovered:
     """Bring `engine` and `store` to the last committed batch of the journal.
 
     `consumer` reads the journal; `fetcher`, another consumer, reads back the records of
@@ -69,7 +70,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         )
     replay = _Replay(store, engine, fetcher, empty=meta["offset"] < 0)
     batches = BatchAssembler()
-    consumer.assign([TopicPartition(journal_topic, 0, meta["offset"] + 1)])
+    consumer.assign([TopicPartition(journal_topic, partition, meta["offset"] + 1)])
     if meta["offset"] < 0 and marker_offset > 0:
         log.warning("no local state: rebuilding every queue from the journal (%d records)",
                     marker_offset)

@@ -1,7 +1,8 @@
-"""`kq serve`: poll a batch, turn records into events, run the engine, commit.
+"""One shard served: poll a batch, turn records into events, run the engine, commit.
 
 No queue rule lives here. The commit order is `broker.service.commit`'s; start-up recovery is
-`broker.service.recovery`'s.
+`broker.service.recovery`'s; which shards a process serves is `broker.service.instance`'s.
+With `[service] shards = 1` (the default) the one shard is every queue.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -38,16 +39,17 @@ from broker.errors import CommandError, StateError
 from broker.expr import Doc
 from broker.formats import decode, load_schema
 from broker.kafka import clients
-from broker.service.commands import Invalid, Query, decode_command
+from broker.service.commands import Invalid, Query, decode_command, queue_of
 from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.envelopes import Envelopes
+from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
 from broker.service.memory import release_free_memory
 from broker.service.metrics import Metrics
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
-from broker.service.topics import Topics
+from broker.service.topics import Topics, prepare_topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_payload
 from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
@@ -58,7 +60,6 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
-KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 DOC_CACHE = 10_000  # decoded payloads kept for filters
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
@@ -80,15 +81,19 @@ class _Batch:
 
 
 class Service:
-    def __init__(self, config: Config, bootstrap_servers: str, store: Store | None = None):
+    def __init__(self, config: Config, bootstrap_servers: str, store: Store | None = None,
+                 shard: int = 0, metrics: Metrics | None = None,
+                 still_owner: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         svc = config.service
+        self.shard = shard
         self.bootstrap = bootstrap_servers
         self.kafka_extra: dict[str, Any] = dict(svc.kafka)
         self.topics = Topics(svc.topic_prefix)
-        self.router = Router(config.queue, svc.topic_prefix)
+        queues = config.queues_of_shard(shard)
+        self.router = Router(queues, svc.topic_prefix)
         limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
-        self.engine = Engine(config.queue, svc.heartbeat_timeout.ms,
+        self.engine = Engine(queues, svc.heartbeat_timeout.ms,
                              max_message_bytes=limit - ENVELOPE_ALLOWANCE,
                              auth=dict(config.auth) or None, doc_loader=self._load_doc)
         self._batch_payloads: dict[Bookmark, Payload] = {}
@@ -100,7 +105,8 @@ class Service:
         self._command_topics: dict[str, str | None] = {
             self.topics.commands: "" if config.auth else None,
             **{self.topics.commands_of(p): p for p in config.auth}}
-        self.metrics = Metrics(self.engine)
+        self.metrics = metrics or Metrics()
+        self._still_owner = still_owner  # the group still gives this process the shard
         self._stop = threading.Event()
         # Crash tests only: never send a held batch on its own, so its deliveries always ride
         # with the next batch's journal (the path a busy service takes).
@@ -117,51 +123,64 @@ class Service:
         svc = self.config.service
         clients.check_reachable(self.bootstrap, self.kafka_extra)
         self._admin = clients.admin(self.bootstrap, self.kafka_extra)
-        clients.ensure_topics(self._admin, [*self._command_topics, self.topics.flow])
-        # The journal is the state: a new queue state is rebuilt from all of it.
-        clients.ensure_topics(self._admin, [self.topics.journal], config=KEEP_FOREVER)
-        budget = int(svc.memory_budget)
+        prepare_topics(self._admin, self.topics, list(self._command_topics), svc.shards)
+        # each process serves a part of the budget per shard
+        budget = int(svc.memory_budget) // svc.shards
         if self._store is None:  # RocksDB: half the budget each for the state and the pager
-            self._store = RocksStore(svc.data_dir, budget - budget // 2)
-            self._pager = RocksPager(Path(svc.data_dir) / "pager", budget // 2)
+            self._store = RocksStore(shard_dir(svc.data_dir, self.shard), budget - budget // 2)
+            self._pager = RocksPager(shard_dir(svc.data_dir, self.shard) / "pager",
+                                     budget // 2)
             self.engine.use_pager(self._pager)
         store = self._store
-        # with exactly_once, transactional: its start fences an earlier service of this config
+        # with exactly_once, transactional: its start fences an earlier owner of this shard
         self._producer = clients.service_producer(self.bootstrap, self.kafka_extra, (
-            f"{self.topics.prefix}.service" if svc.exactly_once else None))
+            f"{self.topics.prefix}.shard.{self.shard}" if svc.exactly_once else None))
         # Sources prefetch little: what is fetched ahead is memory, and work queued in
         # front of the commands that arrive meanwhile.
         self._consumer = clients.consumer(self.bootstrap, self.kafka_extra, **{
             "queued.min.messages": 2000, "queued.max.messages.kbytes": 16384})
         self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
+        self._fence_reader: Any = None
         try:
+            fence = Fence(self._journal_reader, self.topics.journal, self.shard,
+                          quiet_s=svc.session_timeout.ms / 2000, still_owner=self._still_owner)
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0,
-                                        transactional=svc.exactly_once)
+                                        transactional=svc.exactly_once, partition=self.shard,
+                                        fence=fence)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms(), fetcher=self._commands)
+                          self._committer.write_marker, now_ms(), fetcher=self._commands,
+                          partition=self.shard)
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
-                                 required=(self.topics.journal,))
+                                 required=(self.topics.journal,), command_partition=self.shard)
             self._configure_queues()
             self._send_again(rec.unsent)
             self.inputs.start()
             self.ready.set()
-            log.info("ready: %d queue(s), %d batch(es) replayed from the journal",
-                     len(self.engine.queues), rec.replayed_batches)
+            log.info("ready: shard %d, %d queue(s), %d batch(es) replayed from the journal",
+                     self.shard, len(self.engine.queues), rec.replayed_batches)
             while not self._stop.is_set():
                 self._step()
             self._committer.flush_held()
         finally:
             self._consumer.close()
             self._commands.close()
+            if self._fence_reader is not None:
+                self._fence_reader.close()
             self._producer.flush(5)
             store.close()
             if self._pager is not None:
                 self._pager.close()
             # Drop every client now: a broker being stopped waits for open connections.
             del self._committer, self._producer, self._admin
+
+    def _journal_reader(self) -> Any:
+        """A consumer for the fence's look at the journal, made on first use."""
+        if self._fence_reader is None:
+            self._fence_reader = clients.consumer(self.bootstrap, self.kafka_extra)
+        return self._fence_reader
 
     # -- one iteration ---------------------------------------------------------------------
     def _configure_queues(self) -> None:
@@ -203,7 +222,7 @@ class Service:
         self.inputs.positions.update(batch.cp.positions)
         for queue in batch.resumes:  # only now: the rest of the batch must not overtake
             self.inputs.resume(queue)
-        self.metrics.observe(batch.cp.transitions, records_in=records_in)
+        self.metrics.observe(self.engine, batch.cp.transitions, records_in=records_in)
 
     def _step(self) -> None:
         self.inputs.refresh()
@@ -255,7 +274,7 @@ class Service:
         replies = _Batch()
         last = self._committer.next_batch - 1
         for q in queries:
-            for body in snapshot(self.engine, last):
+            for body in snapshot(self.engine, last, self.shard):
                 self._reply(replies, q.client, q.request_id, body=body)
         self._committer.send_now(replies.outbox.deliveries)  # replies only: no journal
 
@@ -303,8 +322,23 @@ class Service:
             return None
         return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
+    def _shard_elsewhere(self, value: bytes | None) -> int | None:
+        """The shard a command belongs to when it is not this one: a queue with a `shard`
+        key, which the client placed by its name's hash before it knew better."""
+        if self.config.service.shards == 1:
+            return None
+        queue = queue_of(value)
+        if queue is None or queue in self.engine.queues or queue not in self.config.queues:
+            return None
+        return self.config.shard_of(queue)
+
     def _command(self, rec: KafkaMessage, principal: str | None, now: int,
                  batch: _Batch) -> None:
+        elsewhere = self._shard_elsewhere(rec.value())
+        if elsewhere is not None:  # passed on, with the rest of the batch (commit step 1)
+            batch.outbox.copies.append(OutRecord(rec.topic() or "", rec.value(), rec.key(),
+                                                 clients.headers_of(rec), partition=elsewhere))
+            return
         for item in decode_command(rec.value(), principal):
             if isinstance(item, Invalid):
                 log.warning("rejected command from %s: %s", item.client or "?", item.message)
@@ -315,7 +349,9 @@ class Service:
                 batch.snapshots.append(item)
             elif isinstance(item, Query):
                 try:
-                    body = answer(self.engine, item.args, now, self.inputs.of_queue)
+                    body = answer(self.engine, item.args, now, self.inputs.of_queue,
+                                  where={"shard": self.shard,
+                                         "owner": self.config.service.instance})
                 except CommandError as exc:
                     self._reply(batch, item.client, item.request_id, error=str(exc))
                 else:

@@ -1,0 +1,16 @@
+"""Which shard a queue belongs to, computed the same way by the service and the client.
+
+The client knows the shard count (the command topic's partitions) but not the config, so a
+queue without a `shard` key is placed by a hash of its name alone. A queue with one is
+found by its first command going to the hashed shard, whose owner forwards it and answers
+a subscribe with the queue's real shard (broker.client remembers it).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+
+def shard_by_name(queue: str, shards: int) -> int:
+    """A stable hash (CRC-32, the same in every process and release) of the name."""
+    return zlib.crc32(queue.encode()) % shards if shards > 1 else 0
