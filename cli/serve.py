@@ -29,7 +29,7 @@ EMBEDDED_NOTE = "embedded broker (memory storage: its topics are gone when it st
 def _forget_stale_state(data_dir: Path) -> None:
     """A new embedded broker starts empty, so state kept for an earlier one describes topics
     that no longer exist; keeping it would only make the service refuse to start."""
-    if (data_dir / "CURRENT").is_file() and (data_dir / "IDENTITY").is_file():  # RocksDB
+    if any((d / "CURRENT").is_file() for d in [data_dir, *data_dir.glob("shard-*")]):
         shutil.rmtree(data_dir)
         console.print(f"kq: cleared {data_dir}: it held the state of an earlier embedded broker")
 
@@ -53,17 +53,23 @@ def serve(
     data_dir: Annotated[str | None, typer.Option(
         envvar="KQ_DATA_DIR", help="Where RocksDB keeps the state (overrides the config's "
                                    "data_dir).")] = None,
+    instance: Annotated[str | None, typer.Option(
+        envvar="KQ_INSTANCE", help="This instance's name among those sharing the shards "
+                                   "(overrides the config's [service] instance).")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
 ) -> None:
-    """Run the queue service. With no bootstrap servers it starts the embedded broker."""
-    from broker.service.service import Service
+    """Run the queue service. With no bootstrap servers it starts the embedded broker.
+
+    Several instances with one config (each with its own data_dir and instance name) share
+    the shards: Kafka's group protocol gives each shard to one of them."""
+    from broker.service.instance import Instance
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = load(config)
-    if data_dir:
-        cfg = cfg.model_copy(update={"service": cfg.service.model_copy(
-            update={"data_dir": data_dir})})
+    overrides = {k: v for k, v in (("data_dir", data_dir), ("instance", instance)) if v}
+    if overrides:
+        cfg = cfg.model_copy(update={"service": cfg.service.model_copy(update=overrides)})
     if not cfg.queue:
         fail("the config defines no [[queue]]; nothing to serve", 2)
     bootstrap = bootstrap_servers or cfg.service.bootstrap_servers
@@ -76,13 +82,16 @@ def serve(
         bootstrap = embedded.bootstrap_servers
         console.print(f"kq: started the {EMBEDDED_NOTE} at [bold]{bootstrap}[/]")
         _forget_stale_state(Path(cfg.service.data_dir))
-    service = Service(cfg, bootstrap)
+    service = Instance(cfg, bootstrap)
     _on_signals(action=service.stop)
-    console.print(f"kq: serving {len(cfg.queue)} queue(s) from Kafka at [bold]{bootstrap}[/], "
-                  f"state in {cfg.service.data_dir}")
+    svc = cfg.service
+    console.print(f"kq: instance {svc.instance} serving {len(cfg.queue)} queue(s) in "
+                  f"{svc.shards} shard(s) from Kafka at [bold]{bootstrap}[/], state in "
+                  f"{svc.data_dir}", highlight=False)
     for q in cfg.queue:
-        console.print(f"  {q.name:<24} topics {q.topic_regex.pattern:<32} {q.semantics}, "
-                      f"fairness {q.effective_fairness}", highlight=False)
+        console.print(f"  {q.name:<24} shard {cfg.shard_of(q.name):<3} topics "
+                      f"{q.topic_regex.pattern:<32} {q.semantics}, fairness "
+                      f"{q.effective_fairness}", highlight=False)
     try:
         service.metrics.serve(cfg.service.metrics_port)
         with errors_to_exit_codes():

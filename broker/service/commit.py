@@ -219,7 +219,7 @@ class Committer:
         return frozenset({message_key(hit.queue, hit.bookmark)})
 
     def _journal_records(self, cp: Checkpoint) -> list[OutRecord]:
-        cp.batch = self.next_batch
+        cp.batch, cp.writer = self.next_batch, self.writer
         self.next_batch += 1
         rows = latest_cursors(cp.transitions)
         chunks = [rows[i:i + TRANSITIONS_PER_PART]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Counter_
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -28,6 +30,35 @@ class Metrics:
                            ["queue"], registry=self.registry)
         self.available = Gauge("kq_queue_available", "Available messages", ["queue"],
                                registry=self.registry)
+
+        # scale-out (SPEC 12): what this instance serves, per shard
+        self.shards = Gauge("kq_service_shards", "The configured shard count",
+                            registry=self.registry)
+        self.owned = Gauge("kq_shard_owned", "1 for each shard this instance owns",
+                           ["shard", "kq_instance"], registry=self.registry)
+        self.standby = Gauge("kq_shard_standby", "1 for each shard this instance keeps warm",
+                             ["shard", "kq_instance"], registry=self.registry)
+        self.lag = Gauge("kq_shard_lag_records", "Records behind: an owner's unread input "
+                         "records, a standby's unapplied journal records",
+                         ["shard", "kq_instance", "role"], registry=self.registry)
+
+    def shards_status(self, instance: str, shards: int, status: Any) -> None:
+        self.shards.set(shards)
+        for shard in range(shards):
+            key = str(shard)
+            self.owned.labels(key, instance).set(1 if shard in status.owned else 0)
+            self.standby.labels(key, instance).set(1 if shard in status.standby else 0)
+            for role in ("owner", "standby"):
+                held = status.lag.get(key, {})
+                self.lag.labels(key, instance, role).set(
+                    held.get("records", 0) if held.get("role") == role else 0)
+
+    def forget_queues(self, names: Iterable[str]) -> None:
+        """A shard given away: its queues' gauges are another instance's to report."""
+        for name in names:
+            for gauge in (self.depth, self.available):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(name)
 
     def serve(self, port: int) -> None:
         if port:

@@ -9,6 +9,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -68,18 +69,13 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
             f"state has seen offset {meta['offset']}: Kafka lost data (was the embedded broker "
             "restarted?). Delete the service's data_dir to start afresh from Kafka."
         )
-    replay = _Replay(store, engine, fetcher, empty=meta["offset"] < 0)
-    batches = BatchAssembler()
+    tail = JournalTail(store, engine, fetcher, meta)
     consumer.assign([TopicPartition(journal_topic, partition, meta["offset"] + 1)])
     if meta["offset"] < 0 and marker_offset > 0:
         log.warning("no local state: rebuilding every queue from the journal (%d records)",
                     marker_offset)
     deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
     done = meta["offset"] + 1 >= marker_offset
-    # the latest whole batches, each replayed once two more are in: their deliveries may not
-    # have been sent (broker.service.commit)
-    last: deque[tuple[list[Part], int]] = deque()
-    next_batch = meta["batch"] + 1 if meta["offset"] >= 0 else 0
     while not done:
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
@@ -89,19 +85,11 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         for rec in records:
             if rec.error():
                 continue
-            off = rec.offset()
-            if off >= marker_offset:
+            if rec.offset() >= marker_offset:
                 done = True
                 break
-            part = wire.decode("journal", rec.value())
-            whole = batches.add(part)
-            if whole is not None:
-                if len(last) == UNSENT_BATCHES:
-                    replay.batch(*last.popleft())
-                    if len(replay.cp.transitions) >= REPLAY_CHUNK:
-                        replay.write()
-                last.append((whole, off))
-                next_batch = part["batch"] + 1
+            tail.add(wire.decode("journal", rec.value()), rec.offset())
+    replay, last, next_batch = tail.replay, tail.last, tail.next_batch
     unsent: list[Transition] = []
     for whole, off in last:
         # The crash may have come before these batches' deliveries were sent: browsers are
@@ -118,6 +106,34 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
                  "%.1f s: %.0f transitions/s", replay.batches, replay.transitions, took,
                  replay.transitions / max(took, 1e-9))
     return Recovered(positions, next_batch, replay.batches, unsent)
+
+
+class JournalTail:
+    """Whole journal batches of one shard applied in order, the latest UNSENT_BATCHES held
+    back: each is replayed once two more are in, since their deliveries may not have been
+    sent (broker.service.commit). Recovery feeds it up to its marker; a standby replica
+    feeds it as the journal grows (broker.service.standby)."""
+
+    def __init__(self, store: Store, engine: Engine, fetcher: Consumer,
+                 meta: dict[str, Any]) -> None:
+        self.replay = _Replay(store, engine, fetcher, empty=meta["offset"] < 0)
+        self.batches = BatchAssembler()
+        self.batches.reign = meta.get("writer")  # whose parts counted where the state is
+        self.last: deque[tuple[list[Part], int]] = deque()
+        self.next_batch = meta["batch"] + 1 if meta["offset"] >= 0 else 0
+        self.offset = meta["offset"]  # the last journal record fed
+
+    def add(self, part: Part, offset: int) -> None:
+        self.offset = offset
+        whole = self.batches.add(part)
+        if whole is None:
+            return
+        if len(self.last) == UNSENT_BATCHES:
+            self.replay.batch(*self.last.popleft())
+            if len(self.replay.cp.transitions) >= REPLAY_CHUNK:
+                self.replay.write()
+        self.last.append((whole, offset))
+        self.next_batch = part["batch"] + 1
 
 
 class _Replay:
@@ -141,6 +157,7 @@ class _Replay:
         for pos in parts[-1]["inputs"]:
             cp.positions[(pos["reader"], pos["topic"], pos["partition"])] = pos["offset"]
         cp.batch, cp.journal_offset = parts[-1]["batch"], offset
+        cp.writer = parts[-1].get("writer")
         self.batches += 1
 
     def write(self) -> None:

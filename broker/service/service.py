@@ -176,6 +176,19 @@ class Service:
             # Drop every client now: a broker being stopped waits for open connections.
             del self._committer, self._producer, self._admin
 
+    def lag(self) -> int:
+        """Source records not read yet, as of the last fetch's watermarks."""
+        try:
+            parts = self._consumer.position(self._consumer.assignment())
+        except Exception:  # noqa: BLE001 - closed meanwhile: nothing to report
+            return 0
+        total = 0
+        for tp in parts:
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high is not None and high > tp.offset:
+                total += high - tp.offset
+        return total
+
     def _journal_reader(self) -> Any:
         """A consumer for the fence's look at the journal, made on first use."""
         if self._fence_reader is None:

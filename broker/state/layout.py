@@ -8,7 +8,7 @@ Keys (bytes, NUL-separated so a prefix scan never crosses into a neighbour):
   g/QUEUE/GROUP      the subscription holding a sticky message group (broker.engine.groups)
   o/READER/TOPIC/PARTITION  the next offset READER (a queue, or "" for the service's own
                      commands and forwarding) reads; -1: not read yet, start at the recovery point
-  meta/journal       the journal offset and batch number this state reflects (JSON)
+  meta/journal       the journal offset, batch number and its writer this state reflects (JSON)
 """
 
 from __future__ import annotations
@@ -250,6 +250,7 @@ class Checkpoint:
     positions: dict[ReaderKey, int] = field(default_factory=dict)
     journal_offset: int | None = None
     batch: int = 0
+    writer: str | None = None  # whose batch it was (the journal's fencing rule)
 
     def add(self, t: Transition, msg: Message | None) -> None:
         """A transition applied, with the message `apply` returned."""
@@ -318,7 +319,8 @@ class Checkpoint:
             puts[offset_key(reader, topic, partition)] = str(offset).encode()
         if self.journal_offset is not None:
             puts[META_JOURNAL] = json.dumps(
-                {"offset": self.journal_offset, "batch": self.batch}).encode()
+                {"offset": self.journal_offset, "batch": self.batch,
+                 "writer": self.writer}).encode()
         if skip:
             puts = {k: v for k, v in puts.items() if k not in skip}
             deletes = [k for k in deletes if k not in skip]

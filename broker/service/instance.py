@@ -1,0 +1,191 @@
+"""A `kq serve` process: the shards it serves, decided by Kafka's group protocol.
+
+Every instance of one config joins the consumer group PREFIX.service on the command topic,
+which has one partition per shard (cooperative-sticky assignment). The partitions the group
+assigns are the shards this instance owns; each is served by a `Service` in a thread of its
+own. On assign a shard's service restores (local RocksDB + the journal tail) and writes its
+takeover marker before anything else (broker.service.fence); on revoke it finishes the batch
+in flight and stops. The group's member only holds the assignment: its partitions are
+paused, each shard's service reads its commands itself.
+
+With `standby_replicas = 1` each shard is also kept warm by the next live instance after
+its owner, in name order (broker.service.standby). Who is live and who owns what comes from
+the instances' own status records on PREFIX.instances (what `kq instances` reads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from broker.config import Config
+from broker.errors import FencedError
+from broker.kafka import clients
+from broker.service.metrics import Metrics
+from broker.service.service import Service
+from broker.service.standby import Standby
+from broker.service.status import InstanceStatus, StatusBoard
+from broker.service.topics import Topics, prepare_topics
+
+log = logging.getLogger("kq.instance")
+
+STATUS_EVERY_S = 2.0
+
+
+@dataclass
+class _Runner:
+    service: Service
+    thread: threading.Thread
+    failure: BaseException | None = None
+
+
+class Instance:
+    def __init__(self, config: Config, bootstrap: str) -> None:
+        self.config, self.bootstrap = config, bootstrap
+        self.name = config.service.instance
+        self.topics = Topics(config.service.topic_prefix)
+        self.metrics = Metrics()
+        self.owned: set[int] = set()  # what the group gives this instance now
+        self.runners: dict[int, _Runner] = {}
+        self.standbys: dict[int, Standby] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.ready = threading.Event()  # the group assigned, and each shard's service is up
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def run(self) -> None:
+        svc = self.config.service
+        extra = dict(svc.kafka)
+        clients.check_reachable(self.bootstrap, extra)
+        admin = clients.admin(self.bootstrap, extra)
+        commands = [self.topics.commands,
+                    *(self.topics.commands_of(p) for p in self.config.auth)]
+        prepare_topics(admin, self.topics, commands, svc.shards)
+        session_ms = svc.session_timeout.ms
+        self._group = clients.consumer(self.bootstrap, extra, **{
+            "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(100, min(1000, session_ms // 5)),
+            "auto.offset.reset": "latest"})
+        self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms)
+        self._group.subscribe([self.topics.commands], on_assign=self._assigned,
+                              on_revoke=self._revoked, on_lost=self._lost)
+        log.info("instance %s joining group %s.service (%d shard(s))", self.name,
+                 self.topics.prefix, svc.shards)
+        last_status = 0.0
+        try:
+            while not self._stop.is_set():
+                self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
+                self._check_runners()
+                if time.monotonic() - last_status > STATUS_EVERY_S:
+                    self._publish_status()
+                    self._plan_standbys()
+                    last_status = time.monotonic()
+        finally:
+            for shard in list(self.runners):
+                self._stop_runner(shard)
+            for shard in list(self.standbys):
+                self.standbys.pop(shard).stop()
+            self._group.close()  # leaves the group: the others take the shards at once
+            self.board.publish(self._status(stopped=True))
+            self.board.close()
+
+    # -- the group's decisions -------------------------------------------------------------
+    def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        consumer.incremental_assign(partitions)
+        consumer.pause(partitions)  # nothing is read here: each shard reads its own
+        for tp in partitions:
+            self.owned.add(tp.partition)
+            self._start_runner(tp.partition)
+        if not partitions and not self.runners:
+            self.ready.set()  # an instance with nothing to own yet is up too
+
+    def _revoked(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.owned.discard(tp.partition)
+            self._stop_runner(tp.partition)
+
+    def _lost(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        log.warning("instance %s lost shard(s) %s (its session expired)", self.name,
+                    ", ".join(str(tp.partition) for tp in partitions))
+        self._revoked(consumer, partitions)
+
+    # -- shards served ---------------------------------------------------------------------
+    def _start_runner(self, shard: int) -> None:
+        if shard in self.runners:
+            return
+        standby = self.standbys.pop(shard, None)
+        if standby is not None:
+            standby.stop()  # its copy is where the service starts from
+        service = Service(self.config, self.bootstrap, shard=shard, metrics=self.metrics,
+                          still_owner=lambda: shard in self.owned)
+        runner = _Runner(service, threading.Thread(daemon=True, name=f"kq-shard-{shard}",
+                                                   target=lambda: self._serve(runner)))
+        self.runners[shard] = runner
+        log.info("instance %s takes shard %d", self.name, shard)
+        runner.thread.start()
+
+    def _serve(self, runner: _Runner) -> None:
+        try:
+            runner.service.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the main loop
+            runner.failure = exc
+
+    def _stop_runner(self, shard: int) -> None:
+        runner = self.runners.pop(shard, None)
+        if runner is None:
+            return
+        runner.service.stop()
+        runner.thread.join(60)
+        self.metrics.forget_queues(runner.service.engine.queues)
+        log.info("instance %s released shard %d", self.name, shard)
+
+    def _check_runners(self) -> None:
+        for shard, runner in list(self.runners.items()):
+            if runner.thread.is_alive():
+                continue
+            del self.runners[shard]
+            self.metrics.forget_queues(runner.service.engine.queues)
+            if isinstance(runner.failure, FencedError):
+                log.warning("%s", runner.failure)  # the group will take it away too
+                continue
+            if runner.failure is not None:
+                raise runner.failure
+        if self.runners and all(r.service.ready.is_set() for r in self.runners.values()):
+            self.ready.set()
+
+    # -- status and standbys ---------------------------------------------------------------
+    def _status(self, stopped: bool = False) -> InstanceStatus:
+        lag = {str(s): {"role": "owner", "records": r.service.lag()}
+               for s, r in self.runners.items() if r.service.ready.is_set()}
+        lag.update({str(s): {"role": "standby", "records": sb.lag}
+                    for s, sb in self.standbys.items()})
+        return InstanceStatus(self.name, sorted(self.runners), sorted(self.standbys), lag,
+                              int(time.time() * 1000), stopped)
+
+    def _publish_status(self) -> None:
+        status = self._status()
+        self.board.publish(status)
+        self.metrics.shards_status(self.name, self.config.service.shards, status)
+
+    def _plan_standbys(self) -> None:
+        """Keep warm the shards whose owner this instance follows in name order."""
+        if self.config.service.standby_replicas == 0:
+            return
+        wanted = self.board.standby_shards_of(self.name, self.config.service.shards)
+        wanted -= set(self.runners)
+        for shard in set(self.standbys) - wanted:
+            self.standbys.pop(shard).stop()
+        for shard in wanted - set(self.standbys):
+            log.info("instance %s keeps shard %d warm (standby)", self.name, shard)
+            self.standbys[shard] = Standby(self.config, self.bootstrap, shard).start()
+

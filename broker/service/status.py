@@ -1,0 +1,115 @@
+"""Instances tell each other (and `kq instances`) what they serve, on PREFIX.instances.
+
+Each instance writes its status every few seconds, keyed by its name: the shards it owns,
+those it keeps warm, and how far behind each is. The latest record of a name is its
+status; one older than the session timeout (or saying it stopped) is an instance gone.
+Standby placement is computed from these by every instance alike.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from broker.kafka import clients
+
+LOOK_BACK = 5_000  # status records read at start: the latest of every live instance
+
+
+@dataclass
+class InstanceStatus:
+    instance: str
+    owned: list[int]
+    standby: list[int]
+    lag: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> role, records
+    at_ms: int = 0
+    stopped: bool = False
+
+    def live(self, now_ms: int, timeout_ms: int) -> bool:
+        return not self.stopped and now_ms - self.at_ms <= timeout_ms
+
+
+def decode(value: bytes | None) -> InstanceStatus | None:
+    try:
+        raw = json.loads(value or b"")
+        return InstanceStatus(raw["instance"], list(raw["owned"]), list(raw["standby"]),
+                              dict(raw.get("lag") or {}), int(raw["at_ms"]),
+                              bool(raw.get("stopped")))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def read_statuses(consumer: Any, topic: str) -> dict[str, InstanceStatus]:
+    """The latest status of every instance that wrote one lately (a consumer of its own)."""
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    latest: dict[str, InstanceStatus] = {}
+    if high <= 0:
+        return latest
+    consumer.assign([TopicPartition(topic, 0, max(0, high - LOOK_BACK))])
+    seen, deadline = -1, time.monotonic() + 10
+    while seen < high - 1 and time.monotonic() < deadline:
+        for rec in clients.take(consumer, 1000, 0.2):
+            if rec.error() is not None:
+                continue
+            seen = rec.offset()
+            status = decode(rec.value())
+            if status is not None:
+                latest[status.instance] = status
+    consumer.unassign()
+    return latest
+
+
+class StatusBoard:
+    """This instance's view of all of them, kept current by reading the topic as it grows."""
+
+    def __init__(self, bootstrap: str, extra: dict[str, Any], topic: str,
+                 timeout_ms: int) -> None:
+        self.topic, self.timeout_ms = topic, max(timeout_ms, 3 * 2000)
+        self._producer = clients.producer(bootstrap, extra)
+        self._consumer = clients.consumer(bootstrap, extra)
+        self.latest = read_statuses(self._consumer, topic)
+        _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        self._consumer.assign([TopicPartition(topic, 0, max(0, high))])
+
+    def publish(self, status: InstanceStatus) -> None:
+        self._producer.produce(self.topic, json.dumps(asdict(status)).encode(),
+                               status.instance.encode(), partition=0)
+        self._producer.flush(5)
+        self.latest[status.instance] = status
+
+    def refresh(self) -> None:
+        for rec in clients.take(self._consumer, 1000, 0):
+            status = decode(rec.value()) if rec.error() is None else None
+            if status is not None:
+                self.latest[status.instance] = status
+
+    def live(self) -> list[InstanceStatus]:
+        now = int(time.time() * 1000)
+        return sorted((s for s in self.latest.values() if s.live(now, self.timeout_ms)),
+                      key=lambda s: s.instance)
+
+    def standby_shards_of(self, name: str, shards: int) -> set[int]:
+        """The shards `name` keeps warm: each shard's standby is the live instance after its
+        owner in name order (none while the owner is alone)."""
+        self.refresh()
+        live = [s.instance for s in self.live()]
+        if name not in live or len(live) < 2:
+            return set()
+        owner_of = {shard: s.instance for s in self.live() for shard in s.owned}
+        mine = set()
+        for shard in range(shards):
+            owner = owner_of.get(shard)
+            if owner is None or owner not in live or owner == name:
+                continue
+            follower = live[(live.index(owner) + 1) % len(live)]
+            if follower == name:
+                mine.add(shard)
+        return mine
+
+    def close(self) -> None:
+        self._producer.flush(5)
+        self._consumer.close()
