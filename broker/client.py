@@ -32,6 +32,7 @@ from broker.formats import decode
 from broker.kafka import clients
 from broker.packed import split_blob, unpack_array, unpack_payload
 from broker.publisher import Publisher  # noqa: F401 - part of this module's API (SPEC 5)
+from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, Bookmark, Duration
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
@@ -152,6 +153,11 @@ class QueueClient:
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
         self._admin = clients.admin(bootstrap_servers, extra)
         clients.ensure_topics(self._admin, [self._deliver_topic, f"{topic_prefix}.commands"])
+        # A queue's commands go to its shard's partition: by its name's hash until the
+        # service says otherwise (a queue with a `shard` key: broker.shards)
+        self._shards = 1
+        self._queue_shards: dict[str, int] = {}
+        self._count_shards()
         # Commands start on the shared topic; a service with [auth] refuses them there, and
         # the client moves to its principal's own topic (see _use_own_command_topic).
         self._commands_topic = f"{topic_prefix}.commands"
@@ -198,6 +204,8 @@ class QueueClient:
         if max_backlog is not None and (isinstance(max_backlog, bool)
                                         or not isinstance(max_backlog, int)):
             raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
+        if self._shards == 1:
+            self._count_shards()  # the service may have made more since this client began
         sub_id = uuid.uuid4().hex
         sub = Subscription(self, queue, sub_id, 0, mode)
         self._subs[sub_id] = sub  # registered first: deliveries may beat the reply
@@ -209,6 +217,8 @@ class QueueClient:
             self._subs.pop(sub_id, None)
             raise
         sub.backlog = int(body.get("backlog", 0))
+        if isinstance(body.get("shard"), int):
+            self._queue_shards[queue] = body["shard"]
         if body.get("heartbeat_ms"):
             self._heartbeat_s = min(self._heartbeat_s, body["heartbeat_ms"] / 4000)
         return sub
@@ -229,8 +239,23 @@ class QueueClient:
         self._producer.flush(self.request_timeout)
 
     def query(self, **args: Any) -> dict[str, Any]:
-        """Ask the service about its state (what the CLI uses)."""
-        return self._request("query", query=json.dumps(args))
+        """Ask the service about its state (what the CLI uses). A query about one queue goes
+        to its shard; one about all of them to every shard, the answers' lists joined (a
+        snapshot's parts come as `shards`, one per shard)."""
+        if args.get("queue") or self._shards == 1:
+            return self._request("query", query=json.dumps(args))
+        answers = [self._request("query", shard=k, query=json.dumps(args))
+                   for k in range(self._shards)]
+        if args.get("what") == "snapshot":
+            return {"shards": answers}
+        joined: dict[str, Any] = {}
+        for body in answers:
+            for key, value in body.items():
+                if isinstance(value, list):
+                    joined.setdefault(key, []).extend(value)
+                else:
+                    joined.setdefault(key, value)
+        return joined
 
     def close(self) -> None:
         """Leave: every subscription ends and its leases return to the queues at once."""
@@ -239,8 +264,8 @@ class QueueClient:
         self._closed.set()
         try:
             self._flush_acks()
-            if self._subs:
-                self._send("close")
+            for shard in self._shards_used():
+                self._send("close", shard=shard)
             self._producer.flush(5)
         finally:
             self._consumer.close()
@@ -253,7 +278,21 @@ class QueueClient:
         self.close()
 
     # -- plumbing --------------------------------------------------------------------------
-    def _send(self, kind: str, request_id: str = "", **fields: Any) -> None:
+    def _count_shards(self) -> None:
+        """The shard count: the command topic's partitions."""
+        self._shards = max(1, clients.topic_partitions(self._admin).get(
+            f"{self._prefix}.commands", 1))
+
+    def shard_of(self, queue: str) -> int:
+        return self._queue_shards.get(queue, shard_by_name(queue, self._shards))
+
+    def _shards_used(self) -> set[int]:
+        """The shards of the queues this client subscribes to (client-wide commands go to
+        each of them)."""
+        return {self.shard_of(sub.queue) for sub in list(self._subs.values())}
+
+    def _send(self, kind: str, request_id: str = "", shard: int | None = None,
+              **fields: Any) -> None:
         if kind != "ack" and self._pending_acks:
             self._flush_acks()  # batched acks go first: a close must not overtake them
         record: dict[str, Any] = {"type": kind, "client": self.name, "request_id": request_id,
@@ -262,10 +301,12 @@ class QueueClient:
                   "replay_period_ms": None, "delay_ms": None,
                   "sent_ms": int(time.time() * 1000)}
         record.update(fields)
-        # Partition 0 always: the service reads commands in order from that one partition,
-        # whatever partition count the topic was created with.
+        if shard is None:
+            sub = self._subs.get(record["sub_id"] or "")
+            queue = record["queue"] or (sub.queue if sub is not None else "")
+            shard = self.shard_of(queue)
         self._producer.produce(self._commands_topic, wire.encode("command", record),
-                               partition=0)
+                               partition=shard)
         self._producer.poll(0)
 
     def _ack_later(self, queue: str, bookmark: str) -> None:
@@ -393,6 +434,7 @@ class QueueClient:
             if self._subs:
                 try:
                     self._flush_acks()
-                    self._send("heartbeat")
+                    for shard in self._shards_used():
+                        self._send("heartbeat", shard=shard)
                 except Exception as exc:  # never let the heartbeat thread die silently
                     log.warning("heartbeat failed: %s", exc)

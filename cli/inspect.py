@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from broker.client import QueueClient
+from broker.kafka import clients
 from cli.common import (
     BootstrapOpt,
     ConfigOpt,
@@ -36,7 +37,7 @@ def ask(config: str | None, bootstrap: str | None, **args: Any) -> dict[str, Any
 def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
            json: JsonOpt = False) -> None:
     """One row per queue: depth, available, held, leased, subscribers, oldest age, acked,
-    removed."""
+    removed, and the shard and the instance that owns it."""
     rows = ask(config, bootstrap_servers, what="queues")["queues"]
     if json:
         print_json(rows)
@@ -45,8 +46,9 @@ def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
         (r["queue"], str(r["depth"]), str(r["available"]), str(r.get("held", 0)),
          str(r["leased"]),
          str(r["subscribers"]), age(r["oldest_age_ms"]), str(r["acked"]),
-         str(r["dead_lettered"]), str(sum(r["removed"].values())), r["semantics"])
-        for r in rows])
+         str(r["dead_lettered"]), str(sum(r["removed"].values())), r["semantics"],
+         str(r.get("shard", 0)), r.get("owner") or "-")
+        for r in sorted(rows, key=lambda r: r["queue"])])
 
 
 # dead: dead-lettered; subs: subscribers; semantics only when there is room
@@ -55,7 +57,8 @@ QUEUE_COLUMNS = (Col("queue", key=True), Col("depth", number=True), Col("avail",
                  Col("subs", number=True),
                  Col("oldest", number=True), Col("acked", number=True, drop=4),
                  Col("dead", number=True, drop=3), Col("removed", number=True, drop=2),
-                 Col("semantics", drop=1))
+                 Col("semantics", drop=1), Col("shard", number=True, drop=6),
+                 Col("owner", drop=7))
 
 
 def inspect(
@@ -139,3 +142,41 @@ def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = 
     render(console, (Col("queue", key=True), Col("topic", key=True), Col("part", number=True),
                      Col("point", number=True)),
            [(r["queue"], r["topic"], str(r["partition"]), str(r["offset"])) for r in rows])
+
+
+def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
+              json: JsonOpt = False) -> None:
+    """The `kq serve` instances sharing this config's shards: the shards each owns and keeps
+    warm (standby), how far behind each is, and when it last reported."""
+    from broker.service.status import read_statuses
+    from broker.service.topics import Topics
+
+    cfg = load(config)
+    with errors_to_exit_codes():
+        bootstrap = bootstrap_of(bootstrap_servers, cfg)
+        clients.check_reachable(bootstrap, dict(cfg.service.kafka))
+        consumer = clients.consumer(bootstrap, dict(cfg.service.kafka))
+        try:
+            found = read_statuses(consumer, Topics(cfg.service.topic_prefix).instances)
+        finally:
+            consumer.close()
+    now = int(time.time() * 1000)
+    timeout = max(cfg.service.session_timeout.ms, 6000)
+    rows = [{"instance": s.instance, "live": s.live(now, timeout), "owned": s.owned,
+             "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms}
+            for s in sorted(found.values(), key=lambda s: s.instance)]
+    if json:
+        print_json(rows)
+        return
+    render(console, INSTANCE_COLUMNS, [
+        (r["instance"], "yes" if r["live"] else "no", _shards(r["owned"]),
+         _shards(r["standby"]), str(sum(v["records"] for v in r["lag"].values())),
+         age(r["last_seen_ms"])) for r in rows])
+
+
+def _shards(shards: list[int]) -> str:
+    return ",".join(map(str, shards)) or "-"
+
+
+INSTANCE_COLUMNS = (Col("instance", key=True), Col("live"), Col("owned"), Col("standby"),
+                    Col("lag", number=True), Col("seen", number=True))

@@ -438,6 +438,8 @@ class Service:
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:
         q = self.engine.queues.get(body.get("queue", "")) if body and "sub_id" in body else None
+        if q is not None:  # the client sends this queue's commands to this shard from now on
+            body = {**(body or {}), "shard": self.shard}
         if q is not None and q.config.schema_:  # a subscriber decodes msg.data with it
             body = {**(body or {}), "schema": load_schema(q.config.schema_)}
         env = wire.encode("envelope", {
