@@ -152,7 +152,7 @@ class QueueClient:
         clients.check_reachable(bootstrap_servers, extra)
         self._deliver_topic = f"{topic_prefix}.deliver.{self.name}"
         self._admin = clients.admin(bootstrap_servers, extra)
-        clients.ensure_topics(self._admin, [self._deliver_topic, f"{topic_prefix}.commands"])
+        clients.ensure_topics(self._admin, [self._deliver_topic])
         # A queue's commands go to its shard's partition: by its name's hash until the
         # service says otherwise (a queue with a `shard` key: broker.shards)
         self._shards = 1
@@ -279,9 +279,13 @@ class QueueClient:
 
     # -- plumbing --------------------------------------------------------------------------
     def _count_shards(self) -> None:
-        """The shard count: the command topic's partitions."""
-        self._shards = max(1, clients.topic_partitions(self._admin).get(
-            f"{self._prefix}.commands", 1))
+        """The shard count: the command topic's partitions (the service makes the topic, with
+        one partition per shard)."""
+        found = clients.topic_partitions(self._admin).get(f"{self._prefix}.commands")
+        if found is None:
+            raise KqError(f"there is no topic {self._prefix}.commands: no `kq serve` has run "
+                          f"with topic prefix {self._prefix!r} on this Kafka yet")
+        self._shards = found
 
     def shard_of(self, queue: str) -> int:
         return self._queue_shards.get(queue, shard_by_name(queue, self._shards))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from broker.errors import ConfigError
@@ -76,5 +77,11 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
     # a client may have created a command topic first, with one partition
     grow = [NewPartitions(t, shards) for t in command_topics
             if existing.get(t) is not None and existing[t] < shards]
-    for future in (admin.create_partitions(grow).values() if grow else ()):
-        future.result()
+    for topic, future in (admin.create_partitions(grow).items() if grow else ()):
+        try:
+            future.result()
+        except KafkaException as exc:
+            raise ConfigError(
+                f"[service] shards = {shards}, but the command topic {topic} has fewer "
+                f"partitions and this Kafka cannot add some ({exc.args[0].str()}): delete "
+                "the topic, or start afresh with another topic_prefix") from None
