@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from broker.config import Config
-from broker.errors import FencedError
+from broker.errors import FencedError, StateError
 from broker.kafka import clients
 from broker.service.metrics import Metrics
 from broker.service.service import Service
@@ -54,7 +54,7 @@ class Instance:
         self.runners: dict[int, _Runner] = {}
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._missing_before = False
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
 
     def stop(self) -> None:
@@ -87,6 +87,7 @@ class Instance:
                 self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
                 self._check_runners()
                 if time.monotonic() - last_status > STATUS_EVERY_S:
+                    self._check_topics(admin, commands)
                     self._publish_status()
                     self._plan_standbys()
                     last_status = time.monotonic()
@@ -98,6 +99,21 @@ class Instance:
             self._group.close()  # leaves the group: the others take the shards at once
             self.board.publish(self._status(stopped=True))
             self.board.close()
+
+    def _check_topics(self, admin: Any, commands: list[str]) -> None:
+        """kq's own topics gone (twice in a row: a cluster's brokers may lag) means Kafka lost
+        its data: stop rather than wait for shards of a group that no longer exists."""
+        try:
+            listed = clients.topic_metadata(admin, timeout=5)
+        except Exception:  # noqa: BLE001 - a slow answer is not a lost topic
+            return
+        missing = sorted(t for t in (self.topics.journal, *commands) if t not in listed)
+        if missing and self._missing_before:
+            raise StateError(
+                f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
+                "the broker restarted empty?). Stopping before the local state diverges; "
+                "restart against the original cluster, or delete data_dir to start afresh.")
+        self._missing_before = bool(missing)
 
     # -- the group's decisions -------------------------------------------------------------
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
