@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
 from broker import wire
+from broker.config import Config
 from broker.engine import events as ev
 from broker.values import CLIENT_NAME, Bookmark
 
@@ -38,6 +40,18 @@ def queue_of(value: bytes | None) -> str | None:
     except (ValueError, AttributeError):
         return None
     return c["queue"] or None
+
+
+def shard_elsewhere(config: Config, here: Container[str], value: bytes | None) -> int | None:
+    """The shard a command belongs to when its queue is not `here` (this shard's queues):
+    a queue with a `shard` key, which the client placed by its name's hash before it knew
+    better. None for every command of a one-shard config."""
+    if config.service.shards == 1:
+        return None
+    queue = queue_of(value)
+    if queue is None or queue in here or queue not in config.queues:
+        return None
+    return config.shard_of(queue)
 
 
 def decode_command(value: bytes | None,

@@ -88,6 +88,19 @@ class Inputs:
             self._last_input = time.monotonic()
         return commands + sources
 
+    def lag(self) -> int:
+        """Source records not read yet, as of the last fetch's watermarks."""
+        try:
+            parts = self._consumer.position(self._consumer.assignment())
+        except Exception:  # noqa: BLE001 - closed meanwhile: nothing to report
+            return 0
+        total = 0
+        for tp in parts:
+            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high is not None and high > tp.offset:
+                total += high - tp.offset
+        return total
+
     def readers(self, topic: str) -> tuple[str, ...]:
         if topic in self.command_topics:
             return (SERVICE,)

@@ -39,7 +39,7 @@ from broker.errors import CommandError, StateError
 from broker.expr import Doc
 from broker.formats import decode, load_schema
 from broker.kafka import clients
-from broker.service.commands import Invalid, Query, decode_command, queue_of
+from broker.service.commands import Invalid, Query, decode_command, shard_elsewhere
 from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
@@ -177,17 +177,7 @@ class Service:
             del self._committer, self._producer, self._admin
 
     def lag(self) -> int:
-        """Source records not read yet, as of the last fetch's watermarks."""
-        try:
-            parts = self._consumer.position(self._consumer.assignment())
-        except Exception:  # noqa: BLE001 - closed meanwhile: nothing to report
-            return 0
-        total = 0
-        for tp in parts:
-            _, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high is not None and high > tp.offset:
-                total += high - tp.offset
-        return total
+        return self.inputs.lag() if hasattr(self, "inputs") else 0
 
     def _journal_reader(self) -> Any:
         """A consumer for the fence's look at the journal, made on first use."""
@@ -335,19 +325,9 @@ class Service:
             return None
         return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
-    def _shard_elsewhere(self, value: bytes | None) -> int | None:
-        """The shard a command belongs to when it is not this one: a queue with a `shard`
-        key, which the client placed by its name's hash before it knew better."""
-        if self.config.service.shards == 1:
-            return None
-        queue = queue_of(value)
-        if queue is None or queue in self.engine.queues or queue not in self.config.queues:
-            return None
-        return self.config.shard_of(queue)
-
     def _command(self, rec: KafkaMessage, principal: str | None, now: int,
                  batch: _Batch) -> None:
-        elsewhere = self._shard_elsewhere(rec.value())
+        elsewhere = shard_elsewhere(self.config, self.engine.queues, rec.value())
         if elsewhere is not None:  # passed on, with the rest of the batch (commit step 1)
             batch.outbox.copies.append(OutRecord(rec.topic() or "", rec.value(), rec.key(),
                                                  clients.headers_of(rec), partition=elsewhere))
