@@ -93,7 +93,8 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
 
 def _config(tmp: Path, bootstrap: str, prefix: str, queues: list[str], dlq: str) -> Path:
     lines = ["[service]", f'bootstrap_servers = "{bootstrap}"', f'topic_prefix = "{prefix}"',
-             f'data_dir = "{tmp / "state"}"', "metrics_port = 0", 'heartbeat_timeout = "3s"']
+             f'data_dir = "{tmp / "state"}"', "metrics_port = 0", 'heartbeat_timeout = "3s"',
+             'session_timeout = "3s"']
     for q in queues:
         lines += ["[[queue]]", f'name = "{q}"', 'lease_period = "2s"', "max_deliveries = 10",
                   f"max_per_subscription_backlog = {BACKLOG}",

@@ -128,7 +128,10 @@ def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
     """A config file with one line per queue; `extra` lines go into the last queue,
     `service` lines into [service]."""
     lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
-             "metrics_port = 0", 'heartbeat_timeout = "30s"', *service.splitlines()]
+             "metrics_port = 0", 'heartbeat_timeout = "30s"',
+             # a killed instance's shard returns after its group session expires: keep the
+             # restarts of crash tests short
+             'session_timeout = "3s"', *service.splitlines()]
     if bootstrap:
         lines.append(f'bootstrap_servers = "{bootstrap}"')
     for q in queues:
