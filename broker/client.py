@@ -281,11 +281,8 @@ class QueueClient:
     def _count_shards(self) -> None:
         """The shard count: the command topic's partitions (the service makes the topic, with
         one partition per shard)."""
-        found = clients.topic_partitions(self._admin).get(f"{self._prefix}.commands")
-        if found is None:
-            raise KqError(f"there is no topic {self._prefix}.commands: no `kq serve` has run "
-                          f"with topic prefix {self._prefix!r} on this Kafka yet")
-        self._shards = found
+        # not there yet (no service has run): one until it is; each subscribe counts again
+        self._shards = clients.topic_partitions(self._admin).get(f"{self._prefix}.commands", 1)
 
     def shard_of(self, queue: str) -> int:
         return self._queue_shards.get(queue, shard_by_name(queue, self._shards))
