@@ -163,10 +163,11 @@ class QueueClient:
         self._commands_topic = f"{topic_prefix}.commands"
         self._own_commands_topic = f"{topic_prefix}.commands.{self.principal}"
         # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
-        # request in flight keeps commands in order just as well.
+        # request in flight keeps commands in order just as well. Never creates the command
+        # topic by writing to it: the service makes it, one partition per shard.
         self._producer = clients.producer(bootstrap_servers, extra, **{
             "linger.ms": 1, "enable.idempotence": False,
-            "max.in.flight.requests.per.connection": 1})
+            "max.in.flight.requests.per.connection": 1, "allow.auto.create.topics": False})
         self._consumer = clients.consumer(bootstrap_servers, extra)
         start = clients.end_offset(self._consumer, self._deliver_topic, 0)
         self._consumer.assign([TopicPartition(self._deliver_topic, 0, start)])

@@ -47,10 +47,15 @@ def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
 def service_producer(bootstrap: str, extra: Settings | None,
                      transactional_id: str | None) -> Producer:
     """A producer; with `transactional_id`, a transactional one, ready (its start fences an
-    earlier producer with that id: that one's open transaction aborts)."""
+    earlier producer with that id: that one's open transaction aborts).
+
+    It never has a topic created by writing to it: the service makes its topics itself, with
+    their partition counts, and a journal a broker made on the fly (after losing its data)
+    would have the broker's default count instead of one per shard."""
+    own = {"allow.auto.create.topics": False}
     if transactional_id is None:
-        return producer(bootstrap, extra)
-    made = producer(bootstrap, extra, **{"transactional.id": transactional_id})
+        return producer(bootstrap, extra, **own)
+    made = producer(bootstrap, extra, **own, **{"transactional.id": transactional_id})
     made.init_transactions(30)
     log.info("transactional producer %s: commits are Kafka transactions", transactional_id)
     return made
@@ -73,7 +78,9 @@ def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
 
 
 def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
-    return _build(AdminClient, base_config(bootstrap, extra))  # type: ignore[no-any-return]
+    # Asking about a topic must not create it (librdkafka's admin handle would, by default).
+    cfg = {**base_config(bootstrap, extra), "allow.auto.create.topics": False}
+    return _build(AdminClient, cfg)  # type: ignore[no-any-return]
 
 
 def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: float = 10.0) -> None:

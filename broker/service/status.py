@@ -69,7 +69,7 @@ class StatusBoard:
     def __init__(self, bootstrap: str, extra: dict[str, Any], topic: str,
                  timeout_ms: int) -> None:
         self.topic, self.timeout_ms = topic, max(timeout_ms, 3 * 2000)
-        self._producer = clients.producer(bootstrap, extra)
+        self._producer = clients.producer(bootstrap, extra, **{"allow.auto.create.topics": False})
         self._consumer = clients.consumer(bootstrap, extra)
         self.latest = read_statuses(self._consumer, topic)
         _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)

@@ -159,6 +159,9 @@ def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_p
             if proc is not None and proc.proc is not None:
                 proc.proc.send_signal(signal.SIGCONT)
                 proc.stop()
+        for log in sorted(tmp_path.glob("*.log")):  # shown by pytest when the test fails
+            print(f"--- {log.name} (last 40 lines)\n" + "\n".join(  # noqa: T201
+                log.read_text().splitlines()[-40:]))
 
 
 def test_a_shard_count_other_than_the_journals_is_refused_with_exit_2(bootstrap, tmp_path):

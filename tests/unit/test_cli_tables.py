@@ -8,8 +8,9 @@ from cli.inspect import MESSAGE_COLUMNS, QUEUE_COLUMNS, SUBSCRIBER_COLUMNS
 from cli.tables import render
 
 QUEUES = [("ORDERS_ANALYTICS_DIRECT", "1000000", "999990", "0", "10", "4", "12.5h", "1234567",
-           "12", "345", "at-least-once"),
-          ("ORDERS_RISK", "10", "0", "0", "10", "4", "1.2s", "7", "0", "0", "at-most-once")]
+           "12", "345", "at-least-once", "3", "kq-east-1"),
+          ("ORDERS_RISK", "10", "0", "0", "10", "4", "1.2s", "7", "0", "0", "at-most-once",
+           "0", "kq-east-2")]
 
 
 def shown(columns, rows, width: int) -> str:
@@ -32,7 +33,7 @@ def test_queues_at_80_columns_show_whole_names_and_numbers():
 def test_wide_terminals_get_every_column():
     text = shown(QUEUE_COLUMNS, QUEUES, 200)
     assert "semantics" in text and "at-least-once" in text and "removed" in text
-    assert "held" in text
+    assert "held" in text and "owner" in text and "kq-east-1" in text
     assert "semantics" not in shown(QUEUE_COLUMNS, QUEUES, 80)
 
 
