@@ -98,8 +98,9 @@ def audit(
 
     The service answers with its state between two batches and says which journal batch it
     reflects; the journal is replayed up to that batch, so the audit of a busy service is
-    exact. Each difference names queue, bookmark, field, the journal's value and the
-    service's. Exit 0 when there is none, 1 otherwise."""
+    exact. With several shards, each shard answers as of a batch of its own partition and
+    is compared with its own queues' journal. Each difference names queue, bookmark, field,
+    the journal's value and the service's. Exit 0 when there is none, 1 otherwise."""
     from broker.client import QueueClient
 
     src = Source(config, bootstrap_servers)
@@ -112,7 +113,7 @@ def audit(
         from broker.pipeline.report import journal_frame
         from broker.pipeline.session import spark_session
 
-        with _spinner(f"rebuilding the state at batch {snapshot['batch']} on Spark"):
+        with _spinner("rebuilding the state on Spark, as of the service's snapshot"):
             spark = spark_session(master, "kq journal audit")
             frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
                                   src.kafka, None, None, None)
@@ -121,14 +122,20 @@ def audit(
         sys.stdout.write(jsonlib.dumps(result) + "\n")
     elif not result["differences"]:
         console.print(f"no differences: {result['queues']} queue(s), {result['messages']} "
-                      f"message(s), as of journal batch {result['batch']}")
+                      f"message(s), as of {_as_of(result['batches'])}")
     else:
         render(console, (Col("queue", key=True), Col("bookmark", key=True), Col("field"),
                          Col("journal"), Col("service")),
                [(d["queue"], d["bookmark"] or "-", d["field"], str(d["journal"]),
                  str(d["service"])) for d in result["differences"]])
         console.print(f"[red]{len(result['differences'])} difference(s)[/] "
-                      f"({result['differing_messages']} message(s)) as of journal batch "
-                      f"{result['batch']}")
+                      f"({result['differing_messages']} message(s)) as of "
+                      f"{_as_of(result['batches'])}")
     if result["differences"]:
         raise typer.Exit(1)
+
+
+def _as_of(batches: list[dict[str, int]]) -> str:
+    if len(batches) == 1:
+        return f"journal batch {batches[0]['batch']}"
+    return "journal batches " + ", ".join(f"{b['batch']} (shard {b['shard']})" for b in batches)

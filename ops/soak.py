@@ -1,13 +1,21 @@
 """Soak: kill -9 the service at random moments under load, then account for every message.
 
-    python ops/soak.py [--messages 100000] [--kills 50] [--bootstrap HOST:PORT]
+    python ops/soak.py [--messages 100000] [--kills 50] [--instances 1] [--bootstrap HOST:PORT]
 
 Publishes the messages to 2 queues while 4 subscriber processes work them (one cancels 10%,
 one lets 5% of its leases lapse, two ack everything) and the service is SIGKILLed and
-restarted `--kills` times. Then it waits until both queues are empty and checks, from the
+restarted `--kills` times. Then it waits until the queues are empty and checks, from the
 journal and the subscribers' own logs: every published message was enqueued once and ended
 acked or removed with a reason; no delivery count went back; no message was delivered after
-the lease it was acked under. The crash test `tests/crash/test_random_kills.py` runs it small.
+the lease it was acked under.
+
+With `--instances N` (N > 1), N `kq serve` instances share N shards (one queue per shard, at
+least 2 queues; standby_replicas = 1), and each of the `--kills` events picks an instance at
+random and either kills it (-9, then restarts it) or freezes it (SIGSTOP past the session
+timeout, then SIGCONT: it must wake fenced). The check adds: no journal part written by an
+owner after a later owner's takeover marker. At the end `kq journal audit` (on Spark) must
+find no difference between the journal and the live instances (`--no-audit` skips it).
+The crash tests `tests/crash/test_random_kills.py` run it small.
 """
 
 from __future__ import annotations
@@ -42,24 +50,32 @@ BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
 
 
+SESSION_S = 3.0  # [service] session_timeout of the soak's instances
+
+
 @dataclass
 class Report:
     published: int = 0
     kills: int = 0
+    freezes: int = 0
     acked: int = 0
     removed: Counter[str] = field(default_factory=Counter)
     deliveries: int = 0
     redeliveries: int = 0
     dead_letter_records: int = 0
+    audited: int | None = None  # messages `kq journal audit` compared, when it ran
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [
-            f"published {self.published}, service killed {self.kills} times",
+            f"published {self.published}, instances killed {self.kills} times, "
+            f"frozen {self.freezes} times",
             f"acked {self.acked}, removed {dict(self.removed)}, "
             f"dead-letter records {self.dead_letter_records}",
             f"deliveries seen by subscribers {self.deliveries} "
             f"(redeliveries {self.redeliveries})",
+            *([f"kq journal audit: {self.audited} message(s) compared"]
+              if self.audited is not None else []),
             f"problems: {len(self.problems)}",
             *self.problems[:20],
         ]
@@ -91,32 +107,39 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
 
 # -- orchestration -----------------------------------------------------------------------------
 
-def _config(tmp: Path, bootstrap: str, prefix: str, queues: list[str], dlq: str) -> Path:
+def _config(tmp: Path, bootstrap: str, prefix: str, queues: list[str], dlq: str,
+            shards: int = 1) -> Path:
     lines = ["[service]", f'bootstrap_servers = "{bootstrap}"', f'topic_prefix = "{prefix}"',
              f'data_dir = "{tmp / "state"}"', "metrics_port = 0", 'heartbeat_timeout = "3s"',
-             'session_timeout = "3s"']
-    for q in queues:
+             f'session_timeout = "{SESSION_S:.0f}s"', f"shards = {shards}",
+             f"standby_replicas = {1 if shards > 1 else 0}"]
+    for i, q in enumerate(queues):
         lines += ["[[queue]]", f'name = "{q}"', 'lease_period = "2s"', "max_deliveries = 10",
                   f"max_per_subscription_backlog = {BACKLOG}",
-                  f'dead_letter_topic = "{dlq}"']
+                  f'dead_letter_topic = "{dlq}"', f"shard = {i % shards}"]
     path = tmp / "kq.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 class Service:
-    def __init__(self, cfg: Path, log: Path) -> None:
-        self.cfg, self.log = cfg, log
+    """One `kq serve` instance (named `name`, with its own data_dir when there are several)."""
+
+    def __init__(self, cfg: Path, log: Path, name: str | None = None) -> None:
+        self.cfg, self.log, self.name = cfg, log, name
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, wait_ready: bool = True) -> None:
         before = self.log.read_text().count("ready:") if self.log.exists() else 0
+        env = dict(os.environ)
+        if self.name:
+            env.update(KQ_INSTANCE=self.name, KQ_DATA_DIR=str(self.cfg.parent / self.name))
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "serve", "--config", str(self.cfg)],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 60
-        while self.log.read_text().count("ready:") <= before:
+        while wait_ready and self.log.read_text().count("ready:") <= before:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"kq serve did not start; see {self.log}")
             time.sleep(0.02)
@@ -126,8 +149,16 @@ class Service:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def freeze(self, seconds: float) -> None:
+        """SIGSTOP for `seconds` (past the session timeout, its shards move), then SIGCONT."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        time.sleep(seconds)
+        self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.terminate()
             self.proc.wait(30)
 
@@ -154,16 +185,22 @@ def _publish(bootstrap: str, topics: list[str], n: int, out: list[str]) -> None:
 
 
 def _queue_rows(bootstrap: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """The queues' rows; {} while some shard has no owner to answer (it is moving)."""
     from broker.client import QueueClient
+    from broker.errors import KqError
 
-    with QueueClient(bootstrap, name="soak-cli", topic_prefix=prefix, request_timeout=5) as c:
-        return {r["queue"]: r for r in c.query(what="queues")["queues"]}
+    try:
+        with QueueClient(bootstrap, name="soak-cli", topic_prefix=prefix,
+                         request_timeout=5) as c:
+            return {r["queue"]: r for r in c.query(what="queues")["queues"]}
+    except KqError:
+        return {}
 
 
-def _read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of partition 0 of `topic` (read until a quiet second: used at the end)."""
+def _read_all(bootstrap: str, topic: str, partition: int = 0) -> list[Any]:
+    """Every record of one partition of `topic` (read until a quiet second: used at the end)."""
     c = clients.consumer(bootstrap)
-    c.assign([TopicPartition(topic, 0, 0)])
+    c.assign([TopicPartition(topic, partition, 0)])
     out: list[Any] = []
     quiet = time.monotonic()
     while time.monotonic() - quiet < 1.5:
@@ -175,14 +212,22 @@ def _read_all(bootstrap: str, topic: str) -> list[Any]:
     return out
 
 
-def _committed_transitions(bootstrap: str, journal: str) -> list[dict[str, Any]]:
-    """Transitions of the batches that were committed (whole), in journal order."""
+def _committed_transitions(bootstrap: str, journal: str, shards: int,
+                           report: Report) -> list[dict[str, Any]]:
+    """Transitions of the batches that were committed (whole), in journal order per shard (a
+    queue lives in one shard). A part written after a later owner's takeover marker by an
+    earlier owner is a fencing failure, reported."""
     rows: list[dict[str, Any]] = []
-    batches = BatchAssembler()
-    for rec in _read_all(bootstrap, journal):
-        whole = batches.add(wire.decode("journal", rec.value()))
-        if whole is not None:
-            rows.extend(t for p in whole for t in transitions_of(p))
+    for shard in range(shards):
+        batches = BatchAssembler()
+        for rec in _read_all(bootstrap, journal, shard):
+            part = wire.decode("journal", rec.value())
+            if not part["marker"] and not batches.counts(part):
+                report.problems.append(f"shard {shard}: journal offset {rec.offset()} written "
+                                       f"by {part['writer']} after {batches.reign} took over")
+            whole = batches.add(part)
+            if whole is not None:
+                rows.extend(t for p in whole for t in transitions_of(p))
     return rows
 
 
@@ -221,19 +266,55 @@ def check(report: Report, published: list[str], queue_of: dict[str, str],
             report.problems.append(f"{bm}: delivered (count {dc}) after it was acked")
 
 
+def _audit(cfg: Path, report: Report) -> None:
+    """`kq journal audit` against the live instances: any difference is a problem."""
+    out = subprocess.run([sys.executable, "-m", "cli.main", "journal", "audit", "--json",
+                          "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    try:
+        result = json.loads(out.stdout)
+    except ValueError:
+        report.problems.append(f"kq journal audit failed (exit {out.returncode}): "
+                               f"{out.stderr.strip()[-500:]}")
+        return
+    report.audited = result["messages"]
+    report.problems += [f"audit: {d}" for d in result["differences"][:20]]
+    if result["differences"] and len(result["differences"]) > 20:
+        report.problems.append(f"audit: {len(result['differences'])} differences in all")
+
+
+def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> None:
+    """One event: one instance killed (-9, then restarted), or, with several, maybe frozen
+    past the session timeout instead."""
+    victim = rnd.choice(instances)
+    if len(instances) > 1 and rnd.random() < 0.5:
+        victim.freeze(SESSION_S + rnd.uniform(0.5, 2.0))
+        report.freezes += 1
+    else:
+        victim.kill()
+        report.kills += 1
+        victim.start(wait_ready=len(instances) == 1)
+
+
 def run(bootstrap: str, messages: int, kills: int, tmp: Path,
-        min_gap: float = 0.5, max_gap: float = 2.5, seed: int | None = None) -> Report:
+        min_gap: float = 0.5, max_gap: float = 2.5, seed: int | None = None,
+        instances: int = 1, audit: bool = False) -> Report:
     rnd = random.Random(seed)
     u = uuid.uuid4().hex[:6]
     prefix, dlq = f"soak{u}", f"SOAK_{u}_DLQ"
-    topics = [f"SOAK_{u}_A", f"SOAK_{u}_B"]
+    topics = [f"SOAK_{u}_{chr(65 + i)}" for i in range(max(2, instances))]
     clients.ensure_topics(clients.admin(bootstrap), [*topics, dlq])
-    service = Service(_config(tmp, bootstrap, prefix, topics, dlq), tmp / "serve.log")
-    service.start()
+    cfg = _config(tmp, bootstrap, prefix, topics, dlq, shards=instances)
+    several = instances > 1
+    services = [Service(cfg, tmp / f"serve{i}.log", f"kq{i}" if several else None)
+                for i in range(instances)]
+    for service in services:
+        service.start(wait_ready=not several)
     stop_file = tmp / "stop"
     logs = [tmp / f"sub{i}.jsonl" for i in range(len(BEHAVIOURS))]
     subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
-                              topics[i % 2], BEHAVIOURS[i], str(logs[i]), str(stop_file)],
+                              topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
+                              str(stop_file)],
                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
             for i in range(len(BEHAVIOURS))]
     for s in subs:
@@ -245,20 +326,20 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     try:
         for _ in range(kills):
             time.sleep(rnd.uniform(min_gap, max_gap))
-            service.kill()
-            report.kills += 1
-            service.start()
+            _disturb(services, rnd, report)
         publisher.join()
         deadline = time.monotonic() + 300
         while True:
             rows = _queue_rows(bootstrap, prefix)
-            if all(rows[t]["depth"] == 0 and rows[t]["enqueued"] >= messages // 2
-                   for t in topics):
+            if rows and sum(rows[t]["enqueued"] for t in topics) >= messages and all(
+                    rows[t]["depth"] == 0 for t in topics):
                 break
             if time.monotonic() > deadline:
                 report.problems.append(f"queues did not drain: {rows}")
                 break
             time.sleep(0.5)
+        if audit:
+            _audit(cfg, report)
     finally:
         stop_file.touch()
         for s in subs:
@@ -266,13 +347,14 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
                 s.wait(30)
             except subprocess.TimeoutExpired:
                 s.kill()
-        service.stop()
+        for service in services:
+            service.stop()
     report.published = len(published)
     queue_of = {bm: bm.rsplit("/", 2)[0] for bm in published}
     deliveries = [json.loads(line) for log in logs if log.exists()
                   for line in log.read_text().splitlines()]
-    check(report, published, queue_of, _committed_transitions(bootstrap, f"{prefix}.journal"),
-          deliveries)
+    transitions = _committed_transitions(bootstrap, f"{prefix}.journal", instances, report)
+    check(report, published, queue_of, transitions, deliveries)
     report.dead_letter_records = len(_read_all(bootstrap, dlq))
     return report
 
@@ -284,10 +366,16 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--bootstrap")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--instances", type=int, default=1,
+                    help="kq serve instances sharing as many shards (kills become kills or "
+                         "freezes)")
+    ap.add_argument("--no-audit", dest="audit", action="store_false",
+                    help="skip `kq journal audit` at the end")
     a = ap.parse_args()
     started = time.monotonic()
     with given_or_embedded(a.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as d:
-        report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed)
+        report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
+                     instances=a.instances, audit=a.audit)
     print("\n".join(report.lines()))
     print(f"took {time.monotonic() - started:.0f} s")
     sys.exit(1 if report.problems else 0)

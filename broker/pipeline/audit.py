@@ -66,7 +66,27 @@ def journal_counters(journal: DataFrame, batch: int) -> dict[str, dict[str, Any]
 
 def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> dict[str, Any]:
     """Compare the service's snapshot (`kq` query `snapshot`) with the journal's state at
-    the snapshot's batch; SPEC 8.1's audit object."""
+    the snapshot's batch; SPEC 8.1's audit object, plus `batches` (shard, batch).
+
+    With several shards the snapshot is one per shard (`{"shards": [...]}`), each as of a
+    batch of its own journal partition: each is compared with the journal rows of its own
+    queues (a queue lives in one shard) up to its batch, and the results are added up."""
+    shards = service.get("shards", [service])
+    if len(shards) > 1:
+        journal = journal.cache()  # read from Kafka once, compared once per shard
+    results = [_audit_shard(spark, journal.where(F.col("queue").isin(list(s["queues"]))), s)
+               for s in shards]
+    journal.unpersist()
+    batches = [{"shard": s.get("shard", 0), "batch": int(s["batch"])} for s in shards]
+    return {"queues": sum(r["queues"] for r in results),
+            "messages": sum(r["messages"] for r in results),
+            "batch": batches[0]["batch"] if len(batches) == 1 else None, "batches": batches,
+            "differing_messages": sum(r["differing_messages"] for r in results),
+            "differences": [d for r in results for d in r["differences"]]}
+
+
+def _audit_shard(spark: SparkSession, journal: DataFrame,
+                 service: dict[str, Any]) -> dict[str, Any]:
     batch = int(service["batch"])
     theirs = spark.createDataFrame(
         service["rows"], "queue string, bookmark string, state string, delivery_count int, "
@@ -103,5 +123,5 @@ def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> d
             if a != b:
                 differences.append({"queue": name, "bookmark": None,
                                     "field": f"removed.{reason}", "journal": a, "service": b})
-    return {"queues": len(service["queues"]), "messages": compared, "batch": batch,
+    return {"queues": len(service["queues"]), "messages": compared,
             "differing_messages": found, "differences": differences}

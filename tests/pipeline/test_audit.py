@@ -6,7 +6,16 @@ import threading
 import pytest
 
 from broker.client import QueueClient
-from tests.integration.kit import drain, kq, publish, serving_one_queue, wait_for
+from tests.integration.kit import (
+    ServeProcess,
+    drain,
+    ensure_topic,
+    kq,
+    publish,
+    serving_one_queue,
+    uid,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +83,42 @@ def test_a_lost_state_write_is_reported_as_a_difference(bootstrap, tmp_path):
     assert code == 1
     assert result["differences"] == [{"queue": name, "bookmark": bms[0], "field": "state",
                                       "journal": None, "service": "leased"}]
+
+
+def test_each_shard_is_audited_as_of_its_own_batch(bootstrap, tmp_path):
+    u = uid()
+    names = [f"AUD0_{u}", f"AUD1_{u}"]
+    for name in names:
+        ensure_topic(bootstrap, name)
+    cfg = tmp_path / "kq.toml"
+    cfg.write_text(f"""
+[service]
+topic_prefix = "kq{u}"
+bootstrap_servers = "{bootstrap}"
+data_dir = "{tmp_path / 'state'}"
+metrics_port = 0
+shards = 2
+[[queue]]
+name = "{names[0]}"
+shard = 0
+lease_period = "1h"
+[[queue]]
+name = "{names[1]}"
+shard = 1
+lease_period = "1h"
+""")
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        wait_for(lambda: serve.log_path.read_text().count("ready:") == 2, 30, "both shards")
+        publish(bootstrap, names[0], [b'{"n": %d}' % i for i in range(4)], key=b"k")
+        publish(bootstrap, names[1], [b'{"n": %d}' % i for i in range(7)], key=b"k")
+        with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"w-{u}") as c:
+            drain(c.subscribe(names[0], max_backlog=10), 4)[0].ack()  # shard 0 moves on
+            c.flush()
+            code, result = audit(cfg)
+    finally:
+        serve.stop()
+    assert code == 0 and result["differences"] == [], result["differences"][:5]
+    assert result["queues"] == 2 and result["messages"] == 4 + 7 - 1
+    assert [b["shard"] for b in result["batches"]] == [0, 1]
+    assert all(b["batch"] > 0 for b in result["batches"])
