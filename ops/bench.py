@@ -1,6 +1,6 @@
 """kq benchmark: a raw pass-through baseline against kq end to end, on one broker.
 
-    python ops/bench.py [--messages 20000] [--subscribers 4] [--bootstrap HOST:PORT]
+    python ops/bench.py [--messages 20000] [--subscribers 4] [--instances 1] [--bootstrap HOST:PORT]
 
 (a) raw: a stateless Python relay moves each record topic -> per-subscriber delivery topic;
     subscribers "ack" by producing to an ack topic the relay reads back. The same hops as kq,
@@ -282,6 +282,9 @@ def main() -> None:
     ap.add_argument("--queue", default="", metavar="TOML",
                     help='more keys for the queue, one per line, e.g. "priority_levels = 3" '
                          "or 'barrier_expression = \"/flush = true\"' (its type)")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="kq phase with N kq serve instances sharing N shards, one queue "
+                         "each (ops/bench_instances.py)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="sample kq serve with py-spy during the drain phase; write the "
@@ -298,8 +301,14 @@ def main() -> None:
         phases = set(a.phases.split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
-        kq = (run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog, a.profile)
-              if "kq" in phases else nan)
+        if "kq" not in phases:
+            kq = nan
+        elif a.instances > 1:
+            from ops.bench_instances import run_instances
+            kq = run_instances(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog,
+                               a.instances)
+        else:
+            kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog, a.profile)
         rss = (run_rss(bs, a.rss_messages, a.rss_leased, tmp) if "rss" in phases else
                {"rss_bytes_per_queued_msg": float("nan"), "queued": 0, "leased": 0,
                 "restart_s": float("nan"), "browse_msgs_per_s": float("nan"),
@@ -319,7 +328,8 @@ def main() -> None:
     print(f"messages {a.messages}, subscribers {a.subscribers}, paced rate {a.rate}/s")
     print(f"raw pass-through : {raw['msgs_per_s']:9.0f} msgs/s   p50 {raw['p50_ms']:7.1f} ms"
           f"   p99 {raw['p99_ms']:7.1f} ms")
-    print(f"kq at-least-once : {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
+    who = f"kq, {a.instances} instances" if a.instances > 1 else "kq at-least-once"
+    print(f"{who:17s}: {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
           f"   p99 {kq['p99_ms']:7.1f} ms")
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
     print(f"CPU per message, whole machine (broker included): raw "
