@@ -310,6 +310,11 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
                 for i in range(instances)]
     for service in services:
         service.start(wait_ready=not several)
+    deadline = time.monotonic() + 120
+    while several and len(_queue_rows(bootstrap, prefix)) < len(topics):  # every shard served
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the instances did not serve every shard; see {tmp}/serve*.log")
+        time.sleep(0.5)
     stop_file = tmp / "stop"
     logs = [tmp / f"sub{i}.jsonl" for i in range(len(BEHAVIOURS))]
     subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,

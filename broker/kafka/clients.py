@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from broker.errors import ConfigError, KafkaUnavailableError
 from broker.values import Bookmark
@@ -47,15 +47,10 @@ def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
 def service_producer(bootstrap: str, extra: Settings | None,
                      transactional_id: str | None) -> Producer:
     """A producer; with `transactional_id`, a transactional one, ready (its start fences an
-    earlier producer with that id: that one's open transaction aborts).
-
-    It never has a topic created by writing to it: the service makes its topics itself, with
-    their partition counts, and a journal a broker made on the fly (after losing its data)
-    would have the broker's default count instead of one per shard."""
-    own = {"allow.auto.create.topics": False}
+    earlier producer with that id: that one's open transaction aborts)."""
     if transactional_id is None:
-        return producer(bootstrap, extra, **own)
-    made = producer(bootstrap, extra, **own, **{"transactional.id": transactional_id})
+        return producer(bootstrap, extra)
+    made = producer(bootstrap, extra, **{"transactional.id": transactional_id})
     made.init_transactions(30)
     log.info("transactional producer %s: commits are Kafka transactions", transactional_id)
     return made
@@ -98,6 +93,14 @@ def topic_metadata(client: AdminClient, timeout: float = 10.0) -> dict[str, int 
     md = client.list_topics(timeout=timeout)
     return {name: (len(t.partitions) if t.error is None else None)
             for name, t in md.topics.items() if not name.startswith("__")}
+
+
+def end_offsets(client: AdminClient, topic: str, partitions: int,
+                timeout: float = 10.0) -> list[int]:
+    """The offset after the last record of each partition of `topic`."""
+    asked = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+    answers = client.list_offsets(asked, request_timeout=timeout)
+    return [answers[TopicPartition(topic, p)].result(timeout).offset for p in range(partitions)]
 
 
 def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, int]:

@@ -7,7 +7,6 @@ With `[service] shards = 1` (the default) the one shard is every queue.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -34,13 +33,14 @@ from broker.engine.effects import (
     Resume,
 )
 from broker.engine.engine import Engine
-from broker.engine.transitions import Reason, Transition
+from broker.engine.transitions import Transition
 from broker.errors import CommandError, StateError
-from broker.expr import Doc
-from broker.formats import decode, load_schema
+from broker.formats import load_schema
 from broker.kafka import clients
 from broker.service.commands import Invalid, Query, decode_command, shard_elsewhere
 from broker.service.commit import Committer, Outbox, OutRecord
+from broker.service.copies import dead_letter_copy, flow_event
+from broker.service.docs import Docs
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
@@ -60,7 +60,6 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
-DOC_CACHE = 10_000  # decoded payloads kept for filters
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
@@ -95,7 +94,8 @@ class Service:
         limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         self.engine = Engine(queues, svc.heartbeat_timeout.ms,
                              max_message_bytes=limit - ENVELOPE_ALLOWANCE,
-                             auth=dict(config.auth) or None, doc_loader=self._load_doc)
+                             auth=dict(config.auth) or None,
+                             doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
         self._store = store
         self._pager: RocksPager | None = None
@@ -106,6 +106,8 @@ class Service:
             self.topics.commands: "" if config.auth else None,
             **{self.topics.commands_of(p): p for p in config.auth}}
         self.metrics = metrics or Metrics()
+        self._docs = Docs(queues, self.metrics, lambda bm: self._batch_payloads.get(bm)
+                          or self._stored_payload(bm))
         self._still_owner = still_owner  # the group still gives this process the shard
         self._stop = threading.Event()
         # Crash tests only: never send a held batch on its own, so its deliveries always ride
@@ -298,32 +300,10 @@ class Service:
         for name in queues:
             q = self.engine.queues[name]
             # decoded now only for the queue's own expressions; filters decode on demand
-            doc = self._doc(name, payload, now) if q.needs_doc else None
+            doc = self._docs.of(name, payload, now) if q.needs_doc else None
             # headers even when the payload does not parse: kq-expiration, kq-priority
             self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, headers_seen),
                       now, batch)
-
-    @functools.lru_cache(maxsize=DOC_CACHE)  # noqa: B019 - one service object per process
-    def _load_doc(self, queue: str, bm: Bookmark) -> Doc | None:
-        """A queued message's Doc, read back from this batch or the store (filters on
-        subscriptions and ack by filter ask; nothing is kept per message in memory)."""
-        assert self._store is not None
-        payload = self._batch_payloads.get(bm) or self._stored_payload(bm)
-        return None if payload is None else self._doc(queue, payload)
-
-    def _doc(self, queue: str, payload: Payload, now: int | None = None) -> Doc | None:
-        """What expressions see of a message: its payload decoded by the queue's format and
-        its headers (`bytes`: headers only). None for a payload that does not parse: every
-        expression on it is NULL (no filter matches it, lowest priority, not a barrier), and
-        it is counted."""
-        cfg = self.engine.queues[queue].config
-        try:
-            data = decode(cfg.format, payload.value,
-                          load_schema(cfg.schema_) if cfg.schema_ else None)
-        except ValueError:
-            self.metrics.unparseable.labels(queue).inc()
-            return None
-        return Doc(data, dict(payload.headers), now if now is not None else now_ms())
 
     def _command(self, rec: KafkaMessage, principal: str | None, now: int,
                  batch: _Batch) -> None:
@@ -370,11 +350,7 @@ class Service:
                 case Resume(queue=queue):
                     batch.resumes.add(queue)
                 case Flow():  # after the journal, with the deliveries (SPEC 5)
-                    batch.outbox.deliveries.append(OutRecord(
-                        self.topics.flow, json.dumps({
-                            "queue": effect.queue, "state": effect.state,
-                            "depth": effect.depth, "bytes": effect.bytes,
-                            "at_ms": effect.at_ms}).encode(), effect.queue.encode()))
+                    batch.outbox.deliveries.append(flow_event(self.topics.flow, effect))
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
@@ -403,17 +379,7 @@ class Service:
         p = self._payload(d.bookmark, batch)
         if p is None:
             raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
-        value = p.value
-        if d.reason == Reason.TOO_LARGE.value:  # the copy could not be written either
-            value = None
-        headers = list(p.headers) + [
-            ("kq-original-size", str(p.size).encode()),
-            ("kq-reason", d.reason.encode()), ("kq-queue", d.queue.encode()),
-            ("kq-bookmark", str(d.bookmark).encode()),
-            ("kq-delivery-count", str(d.delivery_count).encode()),
-            ("kq-cancel-count", str(d.cancel_count).encode()),
-        ]
-        batch.outbox.copies.append(OutRecord(d.topic, value, p.key, headers))
+        batch.outbox.copies.append(dead_letter_copy(d, p))
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from broker.errors import ConfigError
+from broker.errors import ConfigError, StateError
 from broker.kafka import clients
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
@@ -58,6 +58,13 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
     shard. The journal fixes the shard count: a config asking for another is refused."""
     existing = clients.topic_partitions(admin)
     journal = existing.get(topics.journal)
+    if journal is not None and journal != shards and not any(
+            clients.end_offsets(admin, topics.journal, journal)):
+        raise StateError(
+            f"the journal {topics.journal} has {journal} partition(s) and no record: Kafka "
+            "made it on the fly, so the journal kq wrote is gone: Kafka lost data (was the "
+            "broker restarted empty?). Delete that topic, and the service's data_dir to "
+            "start afresh from Kafka")
     if journal is not None and journal != shards:
         raise ConfigError(
             f"[service] shards = {shards}, but the journal {topics.journal} has {journal} "

@@ -171,3 +171,13 @@ def test_a_shard_count_other_than_the_journals_is_refused_with_exit_2(bootstrap,
     out = kq("serve", "--config", str(cfg), timeout=60)
     assert out.returncode == 2
     assert f"shards = 2, but the journal kq{u}.journal has 1 partition" in out.stderr
+
+
+def test_an_empty_journal_of_another_shard_count_is_called_lost_data(bootstrap, tmp_path):
+    # what a broker restarted empty leaves when a writer made the journal again on the fly
+    u = uid()
+    ensure_topic(bootstrap, f"kq{u}.journal", partitions=4)
+    cfg = _config(tmp_path, f"kq{u}", f"a_{u}", f"b_{u}", bootstrap)
+    out = kq("serve", "--config", str(cfg), timeout=60)
+    assert out.returncode == 1
+    assert "no record" in out.stderr and "Kafka lost data" in out.stderr
