@@ -167,6 +167,7 @@ def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_p
 def test_a_shard_count_other_than_the_journals_is_refused_with_exit_2(bootstrap, tmp_path):
     u = uid()
     ensure_topic(bootstrap, f"kq{u}.journal", partitions=1)  # made by a 1-shard service
+    publish(bootstrap, f"kq{u}.journal", [b"its start-up marker"])
     cfg = _config(tmp_path, f"kq{u}", f"a_{u}", f"b_{u}", bootstrap)
     out = kq("serve", "--config", str(cfg), timeout=60)
     assert out.returncode == 2
