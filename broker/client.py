@@ -148,22 +148,51 @@ class QueueClient:
 
     def query(self, **args: Any) -> dict[str, Any]:
         """Ask the service about its state (what the CLI uses). A query about one queue goes
-        to its shard; one about all of them to every shard, the answers' lists joined (a
-        snapshot's parts come as `shards`, one per shard)."""
+        to its shard; one about all of them to every shard at once, the answers' lists joined
+        (a snapshot's parts come as `shards`, one per shard). Shards that do not answer in
+        time (no owner just now) are listed in `unanswered_shards`; when none answers, or a
+        snapshot misses one, it raises."""
         if args.get("queue") or self._shards == 1:
             return self._request("query", query=json.dumps(args))
-        answers = [self._request("query", shard=k, query=json.dumps(args))
-                   for k in range(self._shards)]
+        answers = self._ask_shards("query", range(self._shards), query=json.dumps(args))
+        missing = [k for k in range(self._shards) if k not in answers]
+        if not answers or (missing and args.get("what") == "snapshot"):
+            raise KqError(f"no answer from shard(s) {', '.join(map(str, missing))} of the kq "
+                          f"service within {self.request_timeout}s (is each shard owned? see "
+                          "`kq instances`)")
         if args.get("what") == "snapshot":
-            return {"shards": answers}
-        joined: dict[str, Any] = {}
-        for body in answers:
+            return {"shards": [answers[k] for k in sorted(answers)]}
+        joined: dict[str, Any] = {"unanswered_shards": missing} if missing else {}
+        for _, body in sorted(answers.items()):
             for key, value in body.items():
                 if isinstance(value, list):
                     joined.setdefault(key, []).extend(value)
                 else:
                     joined.setdefault(key, value)
         return joined
+
+    def _ask_shards(self, kind: str, shards: Iterable[int], **fields: Any) -> dict[int, Any]:
+        """One request to each shard, sent together and awaited together: the answers of
+        those that answered within the request timeout."""
+        rids = {uuid.uuid4().hex: k for k in shards}
+        self._waiting.update(rids)
+        try:
+            for rid, k in rids.items():
+                self._send(kind, request_id=rid, shard=k, **fields)
+            self._producer.flush(self.request_timeout)
+            deadline = time.monotonic() + self.request_timeout
+            while (any(rid not in self._replies for rid in rids)
+                   and time.monotonic() < deadline):
+                self._pump(0.05)
+        finally:
+            self._waiting.difference_update(rids)
+        replies = {rid: self._replies.pop(rid) for rid in rids if rid in self._replies}
+        errors = [error for error, _ in replies.values() if error is not None]
+        if any(OWN_TOPIC_NEEDED in e for e in errors) and self._use_own_command_topic():
+            return self._ask_shards(kind, rids.values(), **fields)
+        if errors:
+            raise CommandError(errors[0])
+        return {rids[rid]: body for rid, (_, body) in replies.items()}
 
     def close(self) -> None:
         """Leave: every subscription ends and its leases return to the queues at once."""

@@ -16,6 +16,7 @@ from cli.common import (
     age,
     bootstrap_of,
     console,
+    err_console,
     errors_to_exit_codes,
     load,
     print_json,
@@ -26,29 +27,42 @@ CLI_CLIENT = "kq-cli"  # all CLI invocations share one reply topic, told apart b
 
 
 def ask(config: str | None, bootstrap: str | None, **args: Any) -> dict[str, Any]:
+    """The service's answer. With several shards, one that does not answer (no owner just
+    now) is named on stderr, and the command exits 1 once it has shown the others."""
     cfg = load(config)
     with errors_to_exit_codes(), QueueClient(bootstrap_of(bootstrap, cfg), name=CLI_CLIENT,
                      topic_prefix=cfg.service.topic_prefix,
                      kafka_config=dict(cfg.service.kafka)) as client:
-        return client.query(**args)
+        data = client.query(**args)
+        for shard in data.get("unanswered_shards", ()):
+            names = ", ".join(q.name for q in cfg.queues_of_shard(shard)) or "none"
+            err_console.print(f"[yellow]shard {shard} did not answer (no owner just now? "
+                              f"see kq instances); its queues are not shown: {names}[/]")
+        return data
     raise AssertionError("unreachable")
+
+
+def exit_if_partial(data: dict[str, Any]) -> None:
+    if data.get("unanswered_shards"):
+        raise typer.Exit(1)
 
 
 def queues(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
            json: JsonOpt = False) -> None:
     """One row per queue: depth, available, held, leased, subscribers, oldest age, acked,
     removed, and the shard and the instance that owns it."""
-    rows = ask(config, bootstrap_servers, what="queues")["queues"]
+    data = ask(config, bootstrap_servers, what="queues")
+    rows = data["queues"]
     if json:
         print_json(rows)
-        return
-    render(console, QUEUE_COLUMNS, [
-        (r["queue"], str(r["depth"]), str(r["available"]), str(r.get("held", 0)),
-         str(r["leased"]),
-         str(r["subscribers"]), age(r["oldest_age_ms"]), str(r["acked"]),
-         str(r["dead_lettered"]), str(sum(r["removed"].values())), r["semantics"],
-         str(r.get("shard", 0)), r.get("owner") or "-")
-        for r in sorted(rows, key=lambda r: r["queue"])])
+    else:
+        render(console, QUEUE_COLUMNS, [
+            (r["queue"], str(r["depth"]), str(r["available"]), str(r.get("held", 0)),
+             str(r["leased"]), str(r["subscribers"]), age(r["oldest_age_ms"]),
+             str(r["acked"]), str(r["dead_lettered"]), str(sum(r["removed"].values())),
+             r["semantics"], str(r.get("shard", 0)), r.get("owner") or "-")
+            for r in sorted(rows, key=lambda r: r["queue"])])
+    exit_if_partial(data)
 
 
 # dead: dead-lettered; subs: subscribers; semantics only when there is room
@@ -114,16 +128,18 @@ def subscribers(
 ) -> None:
     """Subscriptions (consumers and browsers) with their backlog, leased count and last
     heartbeat."""
-    rows = ask(config, bootstrap_servers, what="subscribers", queue=queue)["subscribers"]
+    data = ask(config, bootstrap_servers, what="subscribers", queue=queue)
+    rows = data["subscribers"]
     if json:
         print_json(rows)
-        return
-    now = time.time() * 1000
-    render(console, SUBSCRIBER_COLUMNS, [
-        (r["client"], r["queue"], r["mode"], str(r["backlog"]), str(r["leased"]),
-         f"{age(int(now - r['last_heartbeat_ms']))} ago" if r["last_heartbeat_ms"] else "-",
-         r["sub_id"])
-        for r in rows])
+    else:
+        now = time.time() * 1000
+        render(console, SUBSCRIBER_COLUMNS, [
+            (r["client"], r["queue"], r["mode"], str(r["backlog"]), str(r["leased"]),
+             f"{age(int(now - r['last_heartbeat_ms']))} ago" if r["last_heartbeat_ms"]
+             else "-", r["sub_id"])
+            for r in rows])
+    exit_if_partial(data)
 
 
 # heard: the client's last heartbeat; the subscription id only when there is room
@@ -135,13 +151,15 @@ SUBSCRIBER_COLUMNS = (Col("client", key=True), Col("queue", key=True), Col("mode
 def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
                     json: JsonOpt = False) -> None:
     """Per queue and partition: the offset below which every message is finished."""
-    rows = ask(config, bootstrap_servers, what="recovery_points")["recovery_points"]
+    data = ask(config, bootstrap_servers, what="recovery_points")
+    rows = data["recovery_points"]
     if json:
         print_json(rows)
-        return
-    render(console, (Col("queue", key=True), Col("topic", key=True), Col("part", number=True),
-                     Col("point", number=True)),
-           [(r["queue"], r["topic"], str(r["partition"]), str(r["offset"])) for r in rows])
+    else:
+        render(console, (Col("queue", key=True), Col("topic", key=True),
+                         Col("part", number=True), Col("point", number=True)),
+               [(r["queue"], r["topic"], str(r["partition"]), str(r["offset"])) for r in rows])
+    exit_if_partial(data)
 
 
 def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,

@@ -11,9 +11,18 @@ from pathlib import Path
 
 from broker import wire
 from broker.client import QueueClient
+from broker.config import load_config
 from broker.kafka import clients
 from broker.kafka.ranges import real_ends, records
-from tests.integration.kit import ServeProcess, ensure_topic, kq, publish, uid, wait_for
+from tests.integration.kit import (
+    ServeProcess,
+    ensure_topic,
+    kq,
+    publish,
+    running_service,
+    uid,
+    wait_for,
+)
 
 SESSION = 3.0  # [service] session_timeout of these tests
 
@@ -182,3 +191,17 @@ def test_an_empty_journal_of_another_shard_count_is_called_lost_data(bootstrap, 
     out = kq("serve", "--config", str(cfg), timeout=60)
     assert out.returncode == 1
     assert "no record" in out.stderr and "Kafka lost data" in out.stderr
+
+
+def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
+        bootstrap, tmp_path):
+    u = uid()
+    q0, q1 = f"part0_{u}", f"part1_{u}"
+    for q in (q0, q1):
+        ensure_topic(bootstrap, q)
+    path = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    with running_service(bootstrap, load_config(path)):  # shard 0 only: shard 1 has no owner
+        out = kq("queues", "--json", "--config", str(path))
+    assert out.returncode == 1
+    assert [r["queue"] for r in json.loads(out.stdout)] == [q0]
+    assert "shard 1 did not answer" in out.stderr and q1 in out.stderr
