@@ -14,7 +14,13 @@ between the old owner's last record and anything it writes later.
   record and them. If something did, its records lie after a takeover marker, where every
   reader ignores them (`BatchAssembler.counts`), and it stops before anything else of the
   batch goes out: no delivery, no state.
-- Before each commit it also asks whether the group still gives it the shard.
+- Before each commit it also asks whether the group still gives it the shard, as this
+  process last heard; and at least every half session timeout (so also first thing after a
+  freeze), it asks the group coordinator itself, with a synchronous offset commit that
+  names its member id and generation: an evicted member's commit is refused
+  (UNKNOWN_MEMBER_ID), so it stops before writing, even before a new owner wrote its marker.
+  A freeze between that answer and the write can still put one write after a takeover
+  marker; readers ignore it, as above.
 
 Under Apache Kafka, `exactly_once` adds the broker's own fencing (one transactional id per
 shard).
@@ -38,12 +44,15 @@ log = logging.getLogger("kq.fence")
 
 class Fence:
     def __init__(self, reader: Callable[[], Consumer], topic: str, partition: int,
-                 quiet_s: float, still_owner: Callable[[], bool] = lambda: True) -> None:
+                 quiet_s: float, still_owner: Callable[[], bool] = lambda: True,
+                 still_member: Callable[[], bool | None] = lambda: True) -> None:
         self._reader = reader  # a consumer of its own: checks reassign it
         self._topic, self._partition = topic, partition
         self._quiet_s = quiet_s
-        self._still_owner = still_owner
+        self._still_owner = still_owner  # the assignment as this process knows it
+        self._still_member = still_member  # the coordinator's word: False, True, or None
         self._confirmed = time.monotonic()  # when our last journal write was proven ours
+        self._member_confirmed = time.monotonic()  # when the coordinator last knew us
         self.writer: str | None = None  # our marker's nonce
 
     def _stop(self, why: str) -> None:
@@ -53,6 +62,13 @@ class Fence:
     def before_commit(self, last_offset: int) -> None:
         if not self._still_owner():
             self._stop("the group gave it to another instance")
+        if time.monotonic() - self._member_confirmed >= self._quiet_s:
+            member = self._still_member()
+            if member is False:
+                self._stop("its group session expired (the coordinator no longer knows this "
+                           "member)")
+            if member:  # None: no answer now (a rebalance under way); the journal decides
+                self._member_confirmed = time.monotonic()
         if time.monotonic() - self._confirmed < self._quiet_s:
             return
         end = end_offset(self._reader(), self._topic, self._partition)

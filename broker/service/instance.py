@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.config import Config
 from broker.errors import FencedError, StateError
@@ -35,6 +35,9 @@ from broker.service.topics import Topics, prepare_topics
 log = logging.getLogger("kq.instance")
 
 STATUS_EVERY_S = 2.0
+# the coordinator's answers to a member it no longer has in the group
+EVICTED = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
+           KafkaError.FENCED_INSTANCE_ID)
 
 
 @dataclass
@@ -143,12 +146,28 @@ class Instance:
         if standby is not None:
             standby.stop()  # its copy is where the service starts from
         service = Service(self.config, self.bootstrap, shard=shard, metrics=self.metrics,
-                          still_owner=lambda: shard in self.owned)
+                          still_owner=lambda: shard in self.owned,
+                          still_member=lambda: self._still_member(shard))
         runner = _Runner(service, threading.Thread(daemon=True, name=f"kq-shard-{shard}",
                                                    target=lambda: self._serve(runner)))
         self.runners[shard] = runner
         log.info("instance %s takes shard %d", self.name, shard)
         runner.thread.start()
+
+    def _still_member(self, shard: int) -> bool | None:
+        """Whether the group coordinator still knows this process as the member it was
+        (False: evicted, e.g. after a freeze past the session timeout), asked with a
+        synchronous commit of the shard's command partition, which names member id and
+        generation (the offset means nothing: the group reads no records). None when there
+        is no answer (a rebalance under way, the coordinator unreachable)."""
+        try:
+            self._group.commit(offsets=[TopicPartition(self.topics.commands, shard, 0)],
+                               asynchronous=False)
+        except KafkaException as exc:
+            return False if exc.args[0].code() in EVICTED else None
+        except RuntimeError:  # the group consumer is closing: this instance is stopping
+            return None
+        return True
 
     def _serve(self, runner: _Runner) -> None:
         try:

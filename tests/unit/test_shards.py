@@ -55,3 +55,26 @@ def test_parts_without_a_writer_count_as_before_version_5():
     a = BatchAssembler()
     a.add(_marker("B"))
     assert a.add(_part(0, None)) is not None
+
+
+def _fence(still_member, quiet_s: float = 0.0):
+    from broker.service.fence import Fence
+
+    # a reader is needed only for the journal look, which these tests never reach
+    return Fence(lambda: None, "j", 0, quiet_s=quiet_s, still_owner=lambda: True,
+                 still_member=still_member)
+
+
+def test_an_owner_the_coordinator_no_longer_knows_writes_nothing():
+    from broker.errors import FencedError
+
+    with pytest.raises(FencedError, match="group session expired"):
+        _fence(lambda: False).before_commit(last_offset=-1)
+
+
+def test_the_coordinator_is_asked_at_most_every_half_session():
+    asked = []
+    fence = _fence(lambda: asked.append(1) or True, quiet_s=60)
+    for _ in range(5):
+        fence.before_commit(last_offset=-1)
+    assert asked == []  # confirmed at start; asked again only after quiet_s
