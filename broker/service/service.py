@@ -83,7 +83,7 @@ class Service:
     def __init__(self, config: Config, bootstrap_servers: str, store: Store | None = None,
                  shard: int = 0, metrics: Metrics | None = None,
                  still_owner: Callable[[], bool] = lambda: True,
-                 still_member: Callable[[], bool | None] = lambda: True) -> None:
+                 member_confirmed: Callable[[], float | None] = time.monotonic) -> None:
         self.config = config
         svc = config.service
         self.shard = shard
@@ -110,7 +110,7 @@ class Service:
         self._docs = Docs(queues, self.metrics, lambda bm: self._batch_payloads.get(bm)
                           or self._stored_payload(bm))
         self._still_owner = still_owner  # the group still gives this process the shard
-        self._still_member = still_member  # the group coordinator still knows this process
+        self._member_confirmed = member_confirmed  # when the coordinator last knew us
         self._stop = threading.Event()
         # Crash tests only: never send a held batch on its own, so its deliveries always ride
         # with the next batch's journal (the path a busy service takes).
@@ -148,7 +148,8 @@ class Service:
         try:
             fence = Fence(self._journal_reader, self.topics.journal, self.shard,
                           quiet_s=svc.session_timeout.ms / 2000, still_owner=self._still_owner,
-                          still_member=self._still_member)
+                          member_confirmed=self._member_confirmed,
+                          stopping=self._stop.is_set)
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0,
                                         transactional=svc.exactly_once, partition=self.shard,

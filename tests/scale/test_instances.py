@@ -200,6 +200,8 @@ def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
     for q in (q0, q1):
         ensure_topic(bootstrap, q)
     path = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    path.write_text(path.read_text().replace("[service]\n",
+                                             f'[service]\ndata_dir = "{tmp_path / "state"}"\n'))
     with running_service(bootstrap, load_config(path)):  # shard 0 only: shard 1 has no owner
         out = kq("queues", "--json", "--config", str(path))
     assert out.returncode == 1
