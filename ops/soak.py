@@ -308,22 +308,29 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     several = instances > 1
     services = [Service(cfg, tmp / f"serve{i}.log", f"kq{i}" if several else None)
                 for i in range(instances)]
-    for service in services:
-        service.start(wait_ready=not several)
-    deadline = time.monotonic() + 120
-    while several and len(_queue_rows(bootstrap, prefix)) < len(topics):  # every shard served
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the instances did not serve every shard; see {tmp}/serve*.log")
-        time.sleep(0.5)
     stop_file = tmp / "stop"
     logs = [tmp / f"sub{i}.jsonl" for i in range(len(BEHAVIOURS))]
-    subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
-                              topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
-                              str(stop_file)],
-                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
-            for i in range(len(BEHAVIOURS))]
-    for s in subs:
-        assert s.stdout is not None and s.stdout.readline().strip() == "subscribed"
+    subs: list[subprocess.Popen[str]] = []
+    try:
+        for service in services:
+            service.start(wait_ready=not several)
+        deadline = time.monotonic() + 120
+        while several and len(_queue_rows(bootstrap, prefix)) < len(topics):  # all served
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the instances did not serve every shard; see {tmp}")
+            time.sleep(0.5)
+        subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
+                                  topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
+                                  str(stop_file)],
+                                 cwd=ROOT, stdout=subprocess.PIPE, text=True)
+                for i in range(len(BEHAVIOURS))]
+        for s in subs:
+            assert s.stdout is not None and s.stdout.readline().strip() == "subscribed"
+    except BaseException:  # nothing left running behind a failed start
+        for p in [*subs, *(svc.proc for svc in services if svc.proc)]:
+            p.send_signal(signal.SIGCONT)
+            p.kill()
+        raise
     report = Report()
     published: list[str] = []
     publisher = threading.Thread(target=_publish, args=(bootstrap, topics, messages, published))

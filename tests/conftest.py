@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.kafka.embedded import EmbeddedBroker, free_port
+from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError, free_port
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +21,12 @@ def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield existing
         return
     log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    broker = EmbeddedBroker(port=free_port(), log_path=log).start()
+    for attempt in range(3):  # test workers run side by side: another may take the port
+        try:
+            broker = EmbeddedBroker(port=free_port(), log_path=log).start()
+            break
+        except EmbeddedBrokerError:
+            if attempt == 2:
+                raise
     yield broker.bootstrap_servers
     broker.stop(timeout=0)  # memory only: nothing to save, no need to wait for clients

@@ -170,7 +170,12 @@ class ServeProcess:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(20)
+        try:
+            return self.proc.wait(20)
+        except subprocess.TimeoutExpired:  # never left running behind a test
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
 
 @contextmanager
