@@ -343,7 +343,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         deadline = time.monotonic() + 300
         while True:
             rows = _queue_rows(bootstrap, prefix)
-            if rows and sum(rows[t]["enqueued"] for t in topics) >= messages and all(
+            if set(topics) <= set(rows) and sum(  # every shard answered
+                    rows[t]["enqueued"] for t in topics) >= messages and all(
                     rows[t]["depth"] == 0 for t in topics):
                 break
             if time.monotonic() > deadline:
