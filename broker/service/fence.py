@@ -14,14 +14,7 @@ between the old owner's last record and anything it writes later.
   record and them. If something did, its records lie after a takeover marker, where every
   reader ignores them (`BatchAssembler.counts`), and it stops before anything else of the
   batch goes out: no delivery, no state.
-- Before each commit it also asks whether the group still gives it the shard, as this
-  process last heard, and whether the group coordinator confirmed its membership less than
-  half a session timeout ago. The instance confirms it every quarter session timeout with an
-  asynchronous offset commit naming its member id and generation, which the coordinator
-  refuses (UNKNOWN_MEMBER_ID) once it evicted the member. After a freeze the confirmation is
-  old, so the owner waits for a fresh one, and stops on a refusal: before a new owner even
-  wrote its marker. A freeze between the confirmation and the write can still put one
-  write after a takeover marker; readers ignore it, as above.
+- Before each commit it also asks whether the group still gives it the shard.
 
 Under Apache Kafka, `exactly_once` adds the broker's own fencing (one transactional id per
 shard).
@@ -32,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import NoReturn
 
 from confluent_kafka import Consumer
 
@@ -43,41 +35,24 @@ from broker.kafka.ranges import records
 
 log = logging.getLogger("kq.fence")
 
-MEMBER_WAIT_S = 0.02
-
 
 class Fence:
     def __init__(self, reader: Callable[[], Consumer], topic: str, partition: int,
-                 quiet_s: float, still_owner: Callable[[], bool] = lambda: True,
-                 member_confirmed: Callable[[], float | None] = time.monotonic,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+                 quiet_s: float, still_owner: Callable[[], bool] = lambda: True) -> None:
         self._reader = reader  # a consumer of its own: checks reassign it
         self._topic, self._partition = topic, partition
         self._quiet_s = quiet_s
-        self._still_owner = still_owner  # the assignment as this process knows it
-        # when the coordinator last confirmed this member (monotonic); None: it evicted it
-        self._member_confirmed = member_confirmed
-        self._stopping = stopping  # the shard is being released: give up waiting
+        self._still_owner = still_owner
         self._confirmed = time.monotonic()  # when our last journal write was proven ours
         self.writer: str | None = None  # our marker's nonce
 
-    def _stop(self, why: str) -> NoReturn:
+    def _stop(self, why: str) -> None:
         raise FencedError(f"shard {self._partition}: {why}; this instance writes nothing more "
                           "for it")
 
     def before_commit(self, last_offset: int) -> None:
         if not self._still_owner():
             self._stop("the group gave it to another instance")
-        while True:
-            confirmed = self._member_confirmed()
-            if confirmed is None:
-                self._stop("its group session expired (the coordinator no longer knows this "
-                           "member)")
-            if time.monotonic() - confirmed < self._quiet_s:
-                break
-            if self._stopping():
-                self._stop("it is being released")
-            time.sleep(MEMBER_WAIT_S)  # a freeze just ended: the next confirmation decides
         if time.monotonic() - self._confirmed < self._quiet_s:
             return
         end = end_offset(self._reader(), self._topic, self._partition)

@@ -18,11 +18,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from broker.config import Config
 from broker.errors import FencedError, StateError
@@ -36,9 +35,6 @@ from broker.service.topics import Topics, prepare_topics
 log = logging.getLogger("kq.instance")
 
 STATUS_EVERY_S = 2.0
-# the coordinator's answers to a member it no longer has in the group
-EVICTED = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION,
-           KafkaError.FENCED_INSTANCE_ID)
 
 
 @dataclass
@@ -59,9 +55,6 @@ class Instance:
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
         self._missing_before = False
-        self._confirmations: deque[float] = deque()  # when each membership check was sent
-        self._member_confirmed_at = time.monotonic()
-        self._evicted = False
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
 
     def stop(self) -> None:
@@ -82,20 +75,16 @@ class Instance:
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(100, min(1000, session_ms // 5)),
-            "auto.offset.reset": "latest", "on_commit": self._commit_answered})
+            "auto.offset.reset": "latest"})
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms)
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
                               on_revoke=self._revoked, on_lost=self._lost)
         log.info("instance %s joining group %s.service (%d shard(s))", self.name,
                  self.topics.prefix, svc.shards)
-        last_status = last_confirm = 0.0
-        confirm_every = session_ms / 4000
+        last_status = 0.0
         try:
             while not self._stop.is_set():
                 self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
-                if time.monotonic() - last_confirm > confirm_every:
-                    self._confirm_membership()
-                    last_confirm = time.monotonic()
                 self._check_runners()
                 if time.monotonic() - last_status > STATUS_EVERY_S:
                     self._check_topics(admin, commands)
@@ -128,8 +117,6 @@ class Instance:
 
     # -- the group's decisions -------------------------------------------------------------
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._evicted = False  # a member again (an assignment is the coordinator's word)
-        self._member_confirmed_at = time.monotonic()
         consumer.incremental_assign(partitions)
         consumer.pause(partitions)  # nothing is read here: each shard reads its own
         for tp in partitions:
@@ -156,40 +143,12 @@ class Instance:
         if standby is not None:
             standby.stop()  # its copy is where the service starts from
         service = Service(self.config, self.bootstrap, shard=shard, metrics=self.metrics,
-                          still_owner=lambda: shard in self.owned,
-                          member_confirmed=self.member_confirmed)
+                          still_owner=lambda: shard in self.owned)
         runner = _Runner(service, threading.Thread(daemon=True, name=f"kq-shard-{shard}",
                                                    target=lambda: self._serve(runner)))
         self.runners[shard] = runner
         log.info("instance %s takes shard %d", self.name, shard)
         runner.thread.start()
-
-    def _confirm_membership(self) -> None:
-        """Ask the coordinator whether it still has this member: an asynchronous commit of
-        the owned command partitions, which names member id and generation (the offsets
-        mean nothing: the group reads no records). Answered in `_commit_answered`."""
-        if not self.owned:
-            return
-        try:
-            self._group.commit(offsets=[TopicPartition(self.topics.commands, k, 0)
-                                        for k in sorted(self.owned)], asynchronous=True)
-        except KafkaException:  # refused at once (e.g. a rebalance under way): ask again later
-            return
-        self._confirmations.append(time.monotonic())
-
-    def _commit_answered(self, err: KafkaError | None, partitions: Any) -> None:
-        sent = self._confirmations.popleft() if self._confirmations else time.monotonic()
-        if err is None:
-            self._member_confirmed_at = max(self._member_confirmed_at, sent)
-        elif err.code() in EVICTED:
-            log.warning("instance %s: the group coordinator no longer knows this member (%s)",
-                        self.name, err.str())
-            self._evicted = True
-
-    def member_confirmed(self) -> float | None:
-        """When the coordinator last confirmed this member (monotonic); None if it evicted it
-        (until the next assignment)."""
-        return None if self._evicted else self._member_confirmed_at
 
     def _serve(self, runner: _Runner) -> None:
         try:

@@ -82,8 +82,7 @@ class _Batch:
 class Service:
     def __init__(self, config: Config, bootstrap_servers: str, store: Store | None = None,
                  shard: int = 0, metrics: Metrics | None = None,
-                 still_owner: Callable[[], bool] = lambda: True,
-                 member_confirmed: Callable[[], float | None] = time.monotonic) -> None:
+                 still_owner: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         svc = config.service
         self.shard = shard
@@ -110,7 +109,6 @@ class Service:
         self._docs = Docs(queues, self.metrics, lambda bm: self._batch_payloads.get(bm)
                           or self._stored_payload(bm))
         self._still_owner = still_owner  # the group still gives this process the shard
-        self._member_confirmed = member_confirmed  # when the coordinator last knew us
         self._stop = threading.Event()
         # Crash tests only: never send a held batch on its own, so its deliveries always ride
         # with the next batch's journal (the path a busy service takes).
@@ -147,9 +145,7 @@ class Service:
         self._fence_reader: Any = None
         try:
             fence = Fence(self._journal_reader, self.topics.journal, self.shard,
-                          quiet_s=svc.session_timeout.ms / 2000, still_owner=self._still_owner,
-                          member_confirmed=self._member_confirmed,
-                          stopping=self._stop.is_set)
+                          quiet_s=svc.session_timeout.ms / 2000, still_owner=self._still_owner)
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0,
                                         transactional=svc.exactly_once, partition=self.shard,

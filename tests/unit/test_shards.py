@@ -55,29 +55,3 @@ def test_parts_without_a_writer_count_as_before_version_5():
     a = BatchAssembler()
     a.add(_marker("B"))
     assert a.add(_part(0, None)) is not None
-
-
-def _fence(member_confirmed, quiet_s: float = 60.0, stopping=lambda: False):
-    from broker.service.fence import Fence
-
-    # a reader is needed only for the journal look, which these tests never reach
-    return Fence(lambda: None, "j", 0, quiet_s=quiet_s, still_owner=lambda: True,
-                 member_confirmed=member_confirmed, stopping=stopping)
-
-
-def test_an_owner_the_coordinator_evicted_writes_nothing():
-    from broker.errors import FencedError
-
-    with pytest.raises(FencedError, match="group session expired"):
-        _fence(lambda: None).before_commit(last_offset=-1)
-
-
-def test_after_a_freeze_an_owner_waits_for_the_coordinators_word():
-    import time
-
-    from broker.errors import FencedError
-
-    answers = iter([time.monotonic() - 120, time.monotonic() - 120, time.monotonic()])
-    _fence(lambda: next(answers)).before_commit(last_offset=-1)  # waited, then confirmed
-    with pytest.raises(FencedError, match="being released"):  # or released meanwhile
-        _fence(lambda: time.monotonic() - 120, stopping=lambda: True).before_commit(-1)
