@@ -138,7 +138,9 @@ def test_held_and_delayed_messages_wait_their_time_without_blocking_across_a_kil
     with serving_one_queue(bootstrap, tmp_path, "HOLD", 'hold_on_publish = true\n'
                            'redelivery_delay = "2s"\nlease_period = "1h"\n') as (
                                name, cfg, prefix, serve):
-        due = int(time.time() * 1000) + 6_000
+        # far enough ahead to outlast a kill -9 and restart (which waits for the killed
+        # instance's group session, then a rebalance: 6-10 s here)
+        due = int(time.time() * 1000) + 20_000
         (held,) = publish(bootstrap, name, [b'{"n": 1}'], key=b"k",
                           headers=[("kq-not-before", str(due).encode())])
         (free,) = publish(bootstrap, name, [b'{"n": 2}'], key=b"k")
@@ -156,7 +158,7 @@ def test_held_and_delayed_messages_wait_their_time_without_blocking_across_a_kil
             assert first.bookmark == free  # not blocked by the held one
             cancelled = time.time()
             first.cancel()  # redelivery_delay: 2 s
-            got = {m.bookmark: (m, time.time()) for m in drain(sub, 2, timeout=20)}
+            got = {m.bookmark: (m, time.time()) for m in drain(sub, 2, timeout=30)}
             assert set(got) == {held, free}
             assert got[held][1] * 1000 >= due  # never early
             assert got[free][1] - cancelled >= 2.0 and got[free][0].delivery_count == 2
