@@ -81,16 +81,16 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
             "machine_busy_cores": machine_s / drain_s}
 
 
-# `--memory-budget`: the [service] memory_budget of every kq serve the benchmark starts;
-# `--queue`: more keys for the benchmark's queue (its type)
-MEMORY_BUDGET: str | None = None
+# `--memory-budget` and `--service`: more [service] keys of every kq serve the benchmark
+# starts; `--queue`: more keys for the benchmark's queue (its type)
+SERVICE_EXTRA = ""
 QUEUE_EXTRA = ""
 
 
 def write_config(tmp: Path, bs: str, prefix: str, queue: str, backlog: int = 100) -> Path:
     cfg = tmp / f"{prefix}.toml"
-    budget = f'memory_budget = "{MEMORY_BUDGET}"\n' if MEMORY_BUDGET else ""
-    cfg.write_text(f'[service]\nbootstrap_servers = "{bs}"\ntopic_prefix = "{prefix}"\n{budget}'
+    cfg.write_text(f'[service]\nbootstrap_servers = "{bs}"\ntopic_prefix = "{prefix}"\n'
+                   f'{SERVICE_EXTRA}'
                    f'data_dir = "{tmp / prefix}"\nmetrics_port = 0\n'
                    f'[[queue]]\nname = "{queue}"\nmax_per_subscription_backlog = {backlog}\n'
                    f'lease_period = "1h"\n{QUEUE_EXTRA}')
@@ -279,6 +279,8 @@ def main() -> None:
                     help="which parts to run (comma separated): raw, kq, rss")
     ap.add_argument("--memory-budget", help='[service] memory_budget of kq serve, e.g. "32MB" '
                     "(default: the service's own default)")
+    ap.add_argument("--service", default="", metavar="TOML",
+                    help='more [service] keys, one per line, e.g. "exactly_once = true"')
     ap.add_argument("--queue", default="", metavar="TOML",
                     help='more keys for the queue, one per line, e.g. "priority_levels = 3" '
                          "or 'barrier_expression = \"/flush = true\"' (its type)")
@@ -293,8 +295,10 @@ def main() -> None:
                     help="also time `kq journal report` on local[2] (ops/bench_pipeline.py)")
     ap.add_argument("--pipeline-transitions", type=int, default=1_000_000)
     a = ap.parse_args()
-    global MEMORY_BUDGET, QUEUE_EXTRA
-    MEMORY_BUDGET = a.memory_budget
+    global SERVICE_EXTRA, QUEUE_EXTRA
+    SERVICE_EXTRA = "".join(f"{line}\n" for line in a.service.split("\\n") if line)
+    if a.memory_budget:
+        SERVICE_EXTRA += f'memory_budget = "{a.memory_budget}"\n'
     QUEUE_EXTRA = a.queue.replace("\\n", "\n") + ("\n" if a.queue else "")
     with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

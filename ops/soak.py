@@ -108,11 +108,12 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
 # -- orchestration -----------------------------------------------------------------------------
 
 def _config(tmp: Path, bootstrap: str, prefix: str, queues: list[str], dlq: str,
-            shards: int = 1) -> Path:
+            shards: int = 1, exactly_once: bool = False) -> Path:
     lines = ["[service]", f'bootstrap_servers = "{bootstrap}"', f'topic_prefix = "{prefix}"',
              f'data_dir = "{tmp / "state"}"', "metrics_port = 0", 'heartbeat_timeout = "3s"',
              f'session_timeout = "{SESSION_S:.0f}s"', f"shards = {shards}",
-             f"standby_replicas = {1 if shards > 1 else 0}"]
+             f"standby_replicas = {1 if shards > 1 else 0}",
+             f"exactly_once = {str(exactly_once).lower()}"]
     for i, q in enumerate(queues):
         lines += ["[[queue]]", f'name = "{q}"', 'lease_period = "2s"', "max_deliveries = 10",
                   f"max_per_subscription_backlog = {BACKLOG}",
@@ -298,13 +299,14 @@ def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> No
 
 def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         min_gap: float = 0.5, max_gap: float = 2.5, seed: int | None = None,
-        instances: int = 1, audit: bool = False) -> Report:
+        instances: int = 1, audit: bool = False, exactly_once: bool = False) -> Report:
     rnd = random.Random(seed)
     u = uuid.uuid4().hex[:6]
     prefix, dlq = f"soak{u}", f"SOAK_{u}_DLQ"
     topics = [f"SOAK_{u}_{chr(65 + i)}" for i in range(max(2, instances))]
     clients.ensure_topics(clients.admin(bootstrap), [*topics, dlq])
-    cfg = _config(tmp, bootstrap, prefix, topics, dlq, shards=instances)
+    cfg = _config(tmp, bootstrap, prefix, topics, dlq, shards=instances,
+                  exactly_once=exactly_once)
     several = instances > 1
     services = [Service(cfg, tmp / f"serve{i}.log", f"kq{i}" if several else None)
                 for i in range(instances)]
@@ -384,11 +386,14 @@ def main() -> None:
                          "freezes)")
     ap.add_argument("--no-audit", dest="audit", action="store_false",
                     help="skip `kq journal audit` at the end")
+    ap.add_argument("--exactly-once", action="store_true",
+                    help="[service] exactly_once = true: commits are Kafka transactions, and "
+                         "the broker fences a frozen owner's writes")
     a = ap.parse_args()
     started = time.monotonic()
     with given_or_embedded(a.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as d:
         report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
-                     instances=a.instances, audit=a.audit)
+                     instances=a.instances, audit=a.audit, exactly_once=a.exactly_once)
     print("\n".join(report.lines()))
     print(f"took {time.monotonic() - started:.0f} s")
     sys.exit(1 if report.problems else 0)

@@ -48,6 +48,10 @@ def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str,
                 found[key] = (low, max(end, rec.offset() + 1))
                 waiting.discard(key)
                 last_seen = time.monotonic()
+            if waiting:  # the last offset may be a transaction marker, never returned
+                passed = c.position([TopicPartition(t, p) for t, p in sorted(waiting)])
+                waiting -= {(tp.topic, tp.partition) for tp in passed
+                            if tp.offset >= found[(tp.topic, tp.partition)][1]}
             if waiting and time.monotonic() - last_seen > STALL_S:
                 raise KqError(f"no records from {sorted(waiting)[:3]} for {STALL_S:.0f} s "
                               "although the broker reports some: is it up?")

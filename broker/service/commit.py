@@ -56,7 +56,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
-from broker.errors import DeliveryFailedError, StateError
+from broker.errors import DeliveryFailedError, FencedError, StateError
 from broker.service.fence import Fence
 from broker.service.journal import encode_columns
 from broker.state.layout import Checkpoint, Payload, StateChanges, message_key
@@ -66,6 +66,9 @@ from broker.values import Bookmark
 log = logging.getLogger("kq.commit")
 
 STEPS = ("copies", "journal", "deliveries", "state")
+# A transactional producer refused because a newer one with its id started: a new owner of
+# the shard (librdkafka's local code, then the brokers' two)
+FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 TRANSITIONS_PER_PART = 2000
 FLUSH_TIMEOUT_S = 15.0
 
@@ -193,7 +196,11 @@ class Committer:
         if not self.transactional:
             yield
             return
-        self._producer.begin_transaction()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            self._raise_if_fenced(exc.args[0])
+            raise
         try:
             yield
         except BaseException:
@@ -203,7 +210,17 @@ class Committer:
         try:
             self._producer.commit_transaction(FLUSH_TIMEOUT_S)
         except KafkaException as exc:
+            self._raise_if_fenced(exc.args[0])
             raise DeliveryFailedError(f"committing the Kafka transaction failed: {exc}") from None
+
+    def _raise_if_fenced(self, err: KafkaError | None) -> None:
+        """The broker refused us because a newer producer of this shard started: the shard
+        has a new owner, whose takeover the broker itself fences (nothing of ours lands
+        after its start)."""
+        if err is not None and err.code() in FENCED:
+            raise FencedError(f"shard {self._partition}: Kafka fenced this instance's "
+                              f"producer ({err.str()}): another instance took the shard "
+                              "over; this one writes nothing more for it")
 
     def _write_state(self, held: _Held) -> None:
         held.changes.write_to(self._store)
@@ -274,14 +291,18 @@ class Committer:
         errors: list[str] = []
         lost: list[str] = []
 
+        fenced: list[KafkaError] = []
+
         def lost_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 lost.append(f"{msg.topic()}: {err.str()}")
+                fenced.extend([err] if err.code() in FENCED else [])
 
         def report(i: int) -> Any:
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 if err is not None:
                     errors.append(f"{msg.topic()}: {err.str()}")
+                    fenced.extend([err] if err.code() in FENCED else [])
                 else:
                     offsets[i] = msg.offset() or 0
             return on_delivery
@@ -290,10 +311,12 @@ class Committer:
             self._produce(r, lost_delivery, lost)
         for i, r in enumerate(records):
             self._produce(r, report(i), errors)
-        left = self._producer.flush(FLUSH_TIMEOUT_S)
+        left = self._flush()
         if left:
             (errors if records else lost).append(
                 f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
+        if fenced:
+            self._raise_if_fenced(fenced[0])
         if lost:
             log.error("producing deliveries failed: %s", "; ".join(lost[:5]))
         if errors:
@@ -302,6 +325,19 @@ class Committer:
                 raise DeliveryFailedError(message)
             log.error(message)
         return offsets
+
+    def _flush(self) -> int:
+        """Flush; a fatal producer error (a fenced transactional producer) surfaces here as a
+        KafkaException, or as the cause of a SystemError when confluent-kafka then calls a
+        delivery callback with it still pending."""
+        try:
+            return int(self._producer.flush(FLUSH_TIMEOUT_S))
+        except (KafkaException, SystemError) as exc:
+            fatal = exc if isinstance(exc, KafkaException) else exc.__cause__
+            if isinstance(fatal, KafkaException):
+                self._raise_if_fenced(fatal.args[0])
+                raise DeliveryFailedError(f"producing failed: {fatal}") from None
+            raise
 
     def _produce(self, r: OutRecord, on_delivery: Any, errors: list[str]) -> None:
         while True:
@@ -313,6 +349,7 @@ class Committer:
             except BufferError:  # local queue full: let it drain
                 self._producer.poll(0.05)
             except KafkaException as exc:  # refused locally (too large, bad topic name)
+                self._raise_if_fenced(exc.args[0])
                 errors.append(f"{r.topic}: {exc.args[0].str()}")
                 return
 

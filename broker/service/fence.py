@@ -10,14 +10,21 @@ between the old owner's last record and anything it writes later.
   process is one that was quiet longer than that), the owner looks at the journal past its
   last record: another's start-up marker means someone else took over. So it stops before
   writing anything.
+- A process woken from a freeze (its shard loop, which turns every few milliseconds, was
+  not run for half the session timeout) may learn of its eviction from the group only
+  seconds later, while the new owner is still restoring; so for three session timeouts
+  after such a gap it looks before every commit.
 - After writing its journal records, it checks that nothing came between its previous
   record and them. If something did, its records lie after a takeover marker, where every
   reader ignores them (`BatchAssembler.counts`), and it stops before anything else of the
   batch goes out: no delivery, no state.
 - Before each commit it also asks whether the group still gives it the shard.
 
-Under Apache Kafka, `exactly_once` adds the broker's own fencing (one transactional id per
-shard).
+That leaves a gap of a few milliseconds between a look and the write that follows: a part
+written in it lies after the new owner's marker, inert. With `exactly_once` the broker closes
+the gap: each shard's producer has the transactional id PREFIX.shard.K, and a new owner's
+producer start makes the broker refuse every later write of the old one
+(`Committer._raise_if_fenced`; the embedded broker does this too).
 """
 
 from __future__ import annotations
@@ -38,32 +45,49 @@ log = logging.getLogger("kq.fence")
 
 class Fence:
     def __init__(self, reader: Callable[[], Consumer], topic: str, partition: int,
-                 quiet_s: float, still_owner: Callable[[], bool] = lambda: True) -> None:
+                 session_s: float, still_owner: Callable[[], bool] = lambda: True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader  # a consumer of its own: checks reassign it
         self._topic, self._partition = topic, partition
-        self._quiet_s = quiet_s
+        self._quiet_s = session_s / 2  # quiet longer than this: maybe frozen, maybe evicted
+        self._watch_s = session_s * 3  # how long after that to look before every commit
         self._still_owner = still_owner
-        self._confirmed = time.monotonic()  # when our last journal write was proven ours
+        self._clock = clock
+        self._confirmed = clock()  # when our last journal write was proven ours
+        self._last_alive: float | None = None  # the loop's last turn (none before the first)
+        self._watch_until = 0.0  # until when to look before every commit
         self.writer: str | None = None  # our marker's nonce
 
     def _stop(self, why: str) -> None:
         raise FencedError(f"shard {self._partition}: {why}; this instance writes nothing more "
                           "for it")
 
+    def alive(self) -> None:
+        """Called on every turn of the shard's loop: a long gap since the last one means the
+        process was frozen."""
+        now = self._clock()
+        if self._last_alive is not None and now - self._last_alive > self._quiet_s:
+            log.warning("shard %d: this process did not run for %.1f s (frozen?); it checks the "
+                        "journal for a new owner before each commit for %.0f s",
+                        self._partition, now - self._last_alive, self._watch_s)
+            self._watch_until = now + self._watch_s
+        self._last_alive = now
+
     def before_commit(self, last_offset: int) -> None:
         if not self._still_owner():
             self._stop("the group gave it to another instance")
-        if time.monotonic() - self._confirmed < self._quiet_s:
+        now = self._clock()
+        if now - self._confirmed < self._quiet_s and now >= self._watch_until:
             return
         end = end_offset(self._reader(), self._topic, self._partition)
         if end > last_offset + 1:
             self._check(last_offset + 1, end)
-        self._confirmed = time.monotonic()
+        self._confirmed = self._clock()
 
     def after_journal(self, last_offset: int, first_offset: int) -> None:
         if first_offset > last_offset + 1:
             self._check(last_offset + 1, first_offset)
-        self._confirmed = time.monotonic()
+        self._confirmed = self._clock()
 
     def _check(self, start: int, end: int) -> None:
         """Journal records between our last and `end` (gaps may be transaction markers): a

@@ -144,8 +144,8 @@ class Service:
         self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
         self._fence_reader: Any = None
         try:
-            fence = Fence(self._journal_reader, self.topics.journal, self.shard,
-                          quiet_s=svc.session_timeout.ms / 2000, still_owner=self._still_owner)
+            self._fence = fence = Fence(self._journal_reader, self.topics.journal, self.shard,
+                          session_s=svc.session_timeout.ms / 1000, still_owner=self._still_owner)
             self._committer = Committer(self._producer, store, self.engine,
                                         self.topics.journal, next_batch=0,
                                         transactional=svc.exactly_once, partition=self.shard,
@@ -230,6 +230,7 @@ class Service:
         self.metrics.observe(self.engine, batch.cp.transitions, records_in=records_in)
 
     def _step(self) -> None:
+        self._fence.alive()
         self.inputs.refresh()
         # With a batch held, take only what is there: if nothing is, it goes out now.
         records = self.inputs.poll(BATCH_SIZE,
