@@ -21,6 +21,12 @@ EXPIRE_BATCH = 5_000
 
 
 class Timers(EnginePart):
+    def deaf_for(self, ms: int) -> None:
+        """The service did not run for `ms` (frozen, swapped out): the clients' heartbeats of
+        that time wait unread in Kafka, so it does not count as their silence."""
+        for client in self.last_seen:
+            self.last_seen[client] += ms
+
     def _tick(self, now: int) -> None:
         for q in self.queues.values():
             self._lapse_leases(q, now)

@@ -169,6 +169,18 @@ def test_heartbeats_keep_a_subscription_alive():
     assert "w1-Q" in h.engine.subs
 
 
+def test_a_service_that_did_not_run_does_not_count_that_time_as_its_clients_silence():
+    h = Harness(heartbeat_ms=10_000)
+    h.publish(1)
+    h.subscribe("w1")
+    h.now += 30_000  # the service was frozen: w1's heartbeats wait unread in Kafka
+    h.engine.deaf_for(30_000)
+    h.advance(9_999)
+    assert "w1-Q" in h.engine.subs
+    h.advance(1)  # silent for 10 s of the service's listening
+    assert "w1-Q" not in h.engine.subs
+
+
 def test_strict_leasing_refuses_acks_of_another_subscribers_lease():
     h = Harness()
     (a,) = h.publish(1)
