@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -371,6 +372,11 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     transitions = _committed_transitions(bootstrap, f"{prefix}.journal", instances, report)
     check(report, published, queue_of, transitions, deliveries)
     report.dead_letter_records = len(_read_all(bootstrap, dlq))
+    if report.problems:  # the instances' logs outlive the run's temporary directory
+        kept = Path(tempfile.mkdtemp(prefix="kq-soak-logs-"))
+        for log in tmp.glob("*.log"):
+            shutil.copy(log, kept)
+        report.problems.insert(0, f"the kq serve logs are kept in {kept}")
     return report
 
 
