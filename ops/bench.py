@@ -1,6 +1,6 @@
 """kq benchmark: a raw pass-through baseline against kq end to end, on one broker.
 
-    python ops/bench.py [--messages 20000] [--subscribers 4] [--instances 1] [--bootstrap HOST:PORT]
+    python ops/bench.py [--messages 20000] [--subscribers 4] [--instances N] [--bootstrap HOST:PORT]
 
 (a) raw: a stateless Python relay moves each record topic -> per-subscriber delivery topic;
     subscribers "ack" by producing to an ack topic the relay reads back. The same hops as kq,
@@ -284,9 +284,10 @@ def main() -> None:
     ap.add_argument("--queue", default="", metavar="TOML",
                     help='more keys for the queue, one per line, e.g. "priority_levels = 3" '
                          "or 'barrier_expression = \"/flush = true\"' (its type)")
-    ap.add_argument("--instances", type=int, default=1,
+    ap.add_argument("--instances", type=int,
                     help="kq phase with N kq serve instances sharing N shards, one queue "
-                         "each (ops/bench_instances.py)")
+                         "each (ops/bench_instances.py); compare --instances 1 with 2, as "
+                         "both run the same way")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="sample kq serve with py-spy during the drain phase; write the "
@@ -307,7 +308,7 @@ def main() -> None:
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
         if "kq" not in phases:
             kq = nan
-        elif a.instances > 1:
+        elif a.instances is not None:
             from ops.bench_instances import run_instances
             kq = run_instances(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog,
                                a.instances)
@@ -332,7 +333,7 @@ def main() -> None:
     print(f"messages {a.messages}, subscribers {a.subscribers}, paced rate {a.rate}/s")
     print(f"raw pass-through : {raw['msgs_per_s']:9.0f} msgs/s   p50 {raw['p50_ms']:7.1f} ms"
           f"   p99 {raw['p99_ms']:7.1f} ms")
-    who = f"kq, {a.instances} instances" if a.instances > 1 else "kq at-least-once"
+    who = f"kq, {a.instances} instance(s)" if a.instances else "kq at-least-once"
     print(f"{who:17s}: {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
           f"   p99 {kq['p99_ms']:7.1f} ms")
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
