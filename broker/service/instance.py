@@ -9,9 +9,7 @@ in flight and stops. The group's member only holds the assignment: its partition
 paused, each shard's service reads its commands itself.
 
 With `standby_replicas = 1` each shard is also kept warm by the next live instance after
-its owner, in name order (broker.service.standby). An instance restarted after a kill takes
-its last run's member out of the group first (broker.kafka.leave), so its shards do not wait
-for that member's session to time out. Who is live and who owns what comes from
+its owner, in name order (broker.service.standby). Who is live and who owns what comes from
 the instances' own status records on PREFIX.instances (what `kq instances` reads).
 """
 
@@ -21,7 +19,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -29,7 +26,6 @@ from confluent_kafka import TopicPartition
 from broker.config import Config
 from broker.errors import FencedError, StateError
 from broker.kafka import clients
-from broker.kafka.leave import leave_group
 from broker.service.metrics import Metrics
 from broker.service.service import Service
 from broker.service.standby import Standby
@@ -60,8 +56,6 @@ class Instance:
         self._stop = threading.Event()
         self._missing_before = False
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
-        self.group_id = f"{self.topics.prefix}.service"
-        self._member_file = Path(config.service.data_dir) / "group-member"
 
     def stop(self) -> None:
         self._stop.set()
@@ -77,13 +71,12 @@ class Instance:
         prepare_topics(admin, self.topics, commands, svc.shards)
         session_ms = svc.session_timeout.ms
         self._group = clients.consumer(self.bootstrap, extra, **{
-            "group.id": self.group_id, "client.id": f"kq-{self.name}",
+            "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(100, min(1000, session_ms // 5)),
             "auto.offset.reset": "latest"})
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms)
-        self._leave_for_the_last_run(extra)
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
                               on_revoke=self._revoked, on_lost=self._lost)
         log.info("instance %s joining group %s.service (%d shard(s))", self.name,
@@ -104,24 +97,8 @@ class Instance:
             for shard in list(self.standbys):
                 self.standbys.pop(shard).stop()
             self._group.close()  # leaves the group: the others take the shards at once
-            self._member_file.unlink(missing_ok=True)  # nothing left behind to take out
             self.board.publish(self._status(stopped=True))
             self.board.close()
-
-    def _leave_for_the_last_run(self, extra: dict[str, Any]) -> None:
-        """The member a killed run of this instance left in the group is taken out now, so
-        the shards move at once rather than after its session timeout (broker.kafka.leave)."""
-        if self._member_file.exists():
-            old = self._member_file.read_text().strip()
-            if old and leave_group(self.bootstrap, extra, self.group_id, old):
-                log.info("instance %s: took its last run's member %s out of the group",
-                         self.name, old)
-
-    def _remember_member(self) -> None:
-        member = self._group.memberid()
-        if member:
-            self._member_file.parent.mkdir(parents=True, exist_ok=True)
-            self._member_file.write_text(member)
 
     def _check_topics(self, admin: Any, commands: list[str]) -> None:
         """kq's own topics gone (twice in a row: a cluster's brokers may lag) means Kafka lost
@@ -140,7 +117,6 @@ class Instance:
 
     # -- the group's decisions -------------------------------------------------------------
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._remember_member()
         consumer.incremental_assign(partitions)
         consumer.pause(partitions)  # nothing is read here: each shard reads its own
         for tp in partitions:
