@@ -55,6 +55,7 @@ class Instance:
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
         self._missing_before = False
+        self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
 
     def stop(self) -> None:
@@ -86,6 +87,7 @@ class Instance:
             while not self._stop.is_set():
                 self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
                 self._check_runners()
+                self._serve_again_if_still_owned()
                 if time.monotonic() - last_status > STATUS_EVERY_S:
                     self._check_topics(admin, commands)
                     self._publish_status()
@@ -137,6 +139,7 @@ class Instance:
 
     # -- shards served ---------------------------------------------------------------------
     def _start_runner(self, shard: int) -> None:
+        self._fenced_at.pop(shard, None)
         if shard in self.runners:
             return
         standby = self.standbys.pop(shard, None)
@@ -172,12 +175,27 @@ class Instance:
             del self.runners[shard]
             self.metrics.forget_queues(runner.service.engine.queues)
             if isinstance(runner.failure, FencedError):
-                log.warning("%s", runner.failure)  # the group will take it away too
+                log.warning("%s", runner.failure)  # the group will take it away too ...
+                self._fenced_at[shard] = time.monotonic()
                 continue
             if runner.failure is not None:
                 raise runner.failure
         if self.runners and all(r.service.ready.is_set() for r in self.runners.values()):
             self.ready.set()
+
+    def _serve_again_if_still_owned(self) -> None:
+        """... unless it does not: a frozen owner may keep its membership and, once awake, be
+        given its shard back (sticky assignment) while its runner stopped on another's marker.
+        A session timeout later, with no revoke heard, the group's word stands: serve it."""
+        wait_s = self.config.service.session_timeout.ms / 1000
+        for shard, fenced in list(self._fenced_at.items()):
+            if shard not in self.owned:
+                del self._fenced_at[shard]
+            elif time.monotonic() - fenced > wait_s:
+                del self._fenced_at[shard]
+                log.warning("instance %s: the group still gives it shard %d: serving it again",
+                            self.name, shard)
+                self._start_runner(shard)
 
     # -- status and standbys ---------------------------------------------------------------
     def _status(self, stopped: bool = False) -> InstanceStatus:
