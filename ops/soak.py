@@ -32,54 +32,23 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from confluent_kafka import Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
 
-from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import given_or_embedded  # noqa: E402
-from broker.service.journal import BatchAssembler, transitions_of  # noqa: E402
+from ops.soak_check import Report, check, committed_transitions, read_all  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
 
 
 SESSION_S = 3.0  # [service] session_timeout of the soak's instances
-
-
-@dataclass
-class Report:
-    published: int = 0
-    kills: int = 0
-    freezes: int = 0
-    acked: int = 0
-    removed: Counter[str] = field(default_factory=Counter)
-    deliveries: int = 0
-    redeliveries: int = 0
-    dead_letter_records: int = 0
-    audited: int | None = None  # messages `kq journal audit` compared, when it ran
-    problems: list[str] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        return [
-            f"published {self.published}, instances killed {self.kills} times, "
-            f"frozen {self.freezes} times",
-            f"acked {self.acked}, removed {dict(self.removed)}, "
-            f"dead-letter records {self.dead_letter_records}",
-            f"deliveries seen by subscribers {self.deliveries} "
-            f"(redeliveries {self.redeliveries})",
-            *([f"kq journal audit: {self.audited} message(s) compared"]
-              if self.audited is not None else []),
-            f"problems: {len(self.problems)}",
-            *self.problems[:20],
-        ]
 
 
 # -- the subscriber process --------------------------------------------------------------------
@@ -199,75 +168,6 @@ def _queue_rows(bootstrap: str, prefix: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _read_all(bootstrap: str, topic: str, partition: int = 0) -> list[Any]:
-    """Every record of one partition of `topic` (read until a quiet second: used at the end)."""
-    c = clients.consumer(bootstrap)
-    c.assign([TopicPartition(topic, partition, 0)])
-    out: list[Any] = []
-    quiet = time.monotonic()
-    while time.monotonic() - quiet < 1.5:
-        got = [r for r in clients.take(c, 5000, 0.2) if not r.error()]
-        if got:
-            out.extend(got)
-            quiet = time.monotonic()
-    c.close()
-    return out
-
-
-def _committed_transitions(bootstrap: str, journal: str, shards: int,
-                           report: Report) -> list[dict[str, Any]]:
-    """Transitions of the batches that were committed (whole), in journal order per shard (a
-    queue lives in one shard). A part written after a later owner's takeover marker by an
-    earlier owner is a fencing failure, reported."""
-    rows: list[dict[str, Any]] = []
-    for shard in range(shards):
-        batches = BatchAssembler()
-        for rec in _read_all(bootstrap, journal, shard):
-            part = wire.decode("journal", rec.value())
-            if not part["marker"] and not batches.counts(part):
-                report.problems.append(f"shard {shard}: journal offset {rec.offset()} written "
-                                       f"by {part['writer']} after {batches.reign} took over")
-            whole = batches.add(part)
-            if whole is not None:
-                rows.extend(t for p in whole for t in transitions_of(p))
-    return rows
-
-
-def check(report: Report, published: list[str], queue_of: dict[str, str],
-          transitions: list[dict[str, Any]], deliveries: list[list[Any]]) -> None:
-    """Account for every published message from the journal and the subscribers' logs."""
-    history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for t in transitions:
-        if t["bookmark"]:
-            history[(t["queue"], t["bookmark"])].append(t)
-    acked_at_count: dict[str, int] = {}  # bookmark -> delivery count of the acked lease
-    for bm in published:
-        h = history.get((queue_of[bm], bm), [])
-        kinds = [t["kind"] for t in h]
-        if kinds.count("enqueued") != 1 or kinds[0] != "enqueued":
-            report.problems.append(f"{bm}: enqueued {kinds.count('enqueued')} times: {kinds}")
-            continue
-        ends = [i for i, k in enumerate(kinds) if k in ("acked", "removed")]
-        if ends != [len(kinds) - 1]:
-            report.problems.append(f"{bm}: not finished exactly once: {kinds}")
-            continue
-        last = h[-1]
-        counts = [t["delivery_count"] for t in h if t["kind"] == "leased"]
-        if counts != sorted(set(counts)):
-            report.problems.append(f"{bm}: delivery counts went back: {counts}")
-        if last["kind"] == "acked":
-            report.acked += 1
-            acked_at_count[bm] = counts[-1] if counts else 0
-        else:
-            report.removed[last["reason"]] += 1
-    for bm, dc, _ in deliveries:
-        report.deliveries += 1
-        if dc > 1:
-            report.redeliveries += 1
-        if bm in acked_at_count and dc > acked_at_count[bm]:
-            report.problems.append(f"{bm}: delivered (count {dc}) after it was acked")
-
-
 def _audit(cfg: Path, report: Report) -> None:
     """`kq journal audit` against the live instances: any difference is a problem."""
     out = subprocess.run([sys.executable, "-m", "cli.main", "journal", "audit", "--json",
@@ -369,9 +269,9 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     queue_of = {bm: bm.rsplit("/", 2)[0] for bm in published}
     deliveries = [json.loads(line) for log in logs if log.exists()
                   for line in log.read_text().splitlines()]
-    transitions = _committed_transitions(bootstrap, f"{prefix}.journal", instances, report)
+    transitions = committed_transitions(bootstrap, f"{prefix}.journal", instances, report)
     check(report, published, queue_of, transitions, deliveries)
-    report.dead_letter_records = len(_read_all(bootstrap, dlq))
+    report.dead_letter_records = len(read_all(bootstrap, dlq))
     if report.problems:  # the instances' logs outlive the run's temporary directory
         kept = Path(tempfile.mkdtemp(prefix="kq-soak-logs-"))
         for log in tmp.glob("*.log"):

@@ -62,16 +62,18 @@ class Fence:
         raise FencedError(f"shard {self._partition}: {why}; this instance writes nothing more "
                           "for it")
 
-    def alive(self) -> None:
-        """Called on every turn of the shard's loop: a long gap since the last one means the
-        process was frozen."""
+    def alive(self) -> float:
+        """Called on every turn of the shard's loop; the seconds since the last turn (a long
+        gap means the process was frozen)."""
         now = self._clock()
-        if self._last_alive is not None and now - self._last_alive > self._quiet_s:
+        gap = 0.0 if self._last_alive is None else now - self._last_alive
+        if gap > self._quiet_s:
             log.warning("shard %d: this process did not run for %.1f s (frozen?); it checks the "
                         "journal for a new owner before each commit for %.0f s",
-                        self._partition, now - self._last_alive, self._watch_s)
+                        self._partition, gap, self._watch_s)
             self._watch_until = now + self._watch_s
         self._last_alive = now
+        return gap
 
     def before_commit(self, last_offset: int) -> None:
         if not self._still_owner():

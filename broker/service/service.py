@@ -60,11 +60,7 @@ log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
 SLOW_BATCH_S = 0.5
-# A turn of the loop later than this after the last one: the process did not run (frozen,
-# swapped out) or a batch was slow; the time beyond it does not count against the clients'
-# heartbeats, which wait unread meanwhile (beyond it only: a service whose every batch is
-# slow still notices a silent client)
-DEAF_S = 0.5
+DEAF_S = 0.5  # a loop turn later: the time beyond it is not the clients' silence (Engine.deaf_for)
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
 
@@ -168,7 +164,6 @@ class Service:
             self.ready.set()
             log.info("ready: shard %d, %d queue(s), %d batch(es) replayed from the journal",
                      self.shard, len(self.engine.queues), rec.replayed_batches)
-            self._last_turn = time.monotonic()
             while not self._stop.is_set():
                 self._step()
             self._committer.flush_held()
@@ -236,11 +231,9 @@ class Service:
         self.metrics.observe(self.engine, batch.cp.transitions, records_in=records_in)
 
     def _step(self) -> None:
-        turned = time.monotonic()
-        if turned - self._last_turn > DEAF_S:  # nobody read the clients' heartbeats meanwhile
-            self.engine.deaf_for(int((turned - self._last_turn - DEAF_S) * 1000))
-        self._last_turn = turned
-        self._fence.alive()
+        gap = self._fence.alive()
+        if gap > DEAF_S:  # frozen or slow: heartbeats unread; beyond DEAF_S only, so a
+            self.engine.deaf_for(int((gap - DEAF_S) * 1000))  # slow loop still sees silence
         self.inputs.refresh()
         # With a batch held, take only what is there: if nothing is, it goes out now.
         records = self.inputs.poll(BATCH_SIZE,

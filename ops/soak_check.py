@@ -1,0 +1,113 @@
+"""The soak's accounting (`ops/soak.py`): every published message followed through the
+committed journal and the subscribers' logs, and checked against SPEC section 10."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from broker import wire
+from broker.kafka import clients
+from broker.service.journal import BatchAssembler, transitions_of
+
+
+@dataclass
+class Report:
+    published: int = 0
+    kills: int = 0
+    freezes: int = 0
+    acked: int = 0
+    removed: Counter[str] = field(default_factory=Counter)
+    deliveries: int = 0
+    redeliveries: int = 0
+    dead_letter_records: int = 0
+    audited: int | None = None  # messages `kq journal audit` compared, when it ran
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [
+            f"published {self.published}, instances killed {self.kills} times, "
+            f"frozen {self.freezes} times",
+            f"acked {self.acked}, removed {dict(self.removed)}, "
+            f"dead-letter records {self.dead_letter_records}",
+            f"deliveries seen by subscribers {self.deliveries} "
+            f"(redeliveries {self.redeliveries})",
+            *([f"kq journal audit: {self.audited} message(s) compared"]
+              if self.audited is not None else []),
+            f"problems: {len(self.problems)}",
+            *self.problems[:20],
+        ]
+
+
+
+def read_all(bootstrap: str, topic: str, partition: int = 0) -> list[Any]:
+    """Every record of one partition of `topic` (read until a quiet second: used at the end)."""
+    c = clients.consumer(bootstrap)
+    c.assign([TopicPartition(topic, partition, 0)])
+    out: list[Any] = []
+    quiet = time.monotonic()
+    while time.monotonic() - quiet < 1.5:
+        got = [r for r in clients.take(c, 5000, 0.2) if not r.error()]
+        if got:
+            out.extend(got)
+            quiet = time.monotonic()
+    c.close()
+    return out
+
+
+def committed_transitions(bootstrap: str, journal: str, shards: int,
+                           report: Report) -> list[dict[str, Any]]:
+    """Transitions of the batches that were committed (whole), in journal order per shard (a
+    queue lives in one shard). A part written after a later owner's takeover marker by an
+    earlier owner is a fencing failure, reported."""
+    rows: list[dict[str, Any]] = []
+    for shard in range(shards):
+        batches = BatchAssembler()
+        for rec in read_all(bootstrap, journal, shard):
+            part = wire.decode("journal", rec.value())
+            if not part["marker"] and not batches.counts(part):
+                report.problems.append(f"shard {shard}: journal offset {rec.offset()} written "
+                                       f"by {part['writer']} after {batches.reign} took over")
+            whole = batches.add(part)
+            if whole is not None:
+                rows.extend(t for p in whole for t in transitions_of(p))
+    return rows
+
+
+def check(report: Report, published: list[str], queue_of: dict[str, str],
+          transitions: list[dict[str, Any]], deliveries: list[list[Any]]) -> None:
+    """Account for every published message from the journal and the subscribers' logs."""
+    history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for t in transitions:
+        if t["bookmark"]:
+            history[(t["queue"], t["bookmark"])].append(t)
+    acked_at_count: dict[str, int] = {}  # bookmark -> delivery count of the acked lease
+    for bm in published:
+        h = history.get((queue_of[bm], bm), [])
+        kinds = [t["kind"] for t in h]
+        if kinds.count("enqueued") != 1 or kinds[0] != "enqueued":
+            report.problems.append(f"{bm}: enqueued {kinds.count('enqueued')} times: {kinds}")
+            continue
+        ends = [i for i, k in enumerate(kinds) if k in ("acked", "removed")]
+        if ends != [len(kinds) - 1]:
+            report.problems.append(f"{bm}: not finished exactly once: {kinds}")
+            continue
+        last = h[-1]
+        counts = [t["delivery_count"] for t in h if t["kind"] == "leased"]
+        if counts != sorted(set(counts)):
+            report.problems.append(f"{bm}: delivery counts went back: {counts}")
+        if last["kind"] == "acked":
+            report.acked += 1
+            acked_at_count[bm] = counts[-1] if counts else 0
+        else:
+            report.removed[last["reason"]] += 1
+    for bm, dc, _ in deliveries:
+        report.deliveries += 1
+        if dc > 1:
+            report.redeliveries += 1
+        if bm in acked_at_count and dc > acked_at_count[bm]:
+            report.problems.append(f"{bm}: delivered (count {dc}) after it was acked")
