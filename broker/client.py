@@ -29,9 +29,16 @@ from broker import wire
 from broker.errors import CommandError, KqError
 from broker.kafka import clients
 from broker.publisher import Publisher  # noqa: F401 - part of this module's API (SPEC 5)
-from broker.shards import shard_by_name
-from broker.subscription import Message, Subscription, decode_data, unpack_deliveries
-from broker.values import CLIENT_NAME, Bookmark, Duration
+from broker.shards import join_answers, shard_by_name
+from broker.subscription import (
+    Message,
+    Subscription,
+    decode_data,
+    lost_in_notice,
+    subscribe_command,
+    unpack_deliveries,
+)
+from broker.values import CLIENT_NAME, NOTICE, Bookmark
 
 __all__ = ["QueueClient", "Subscription", "Message", "CommandError"]
 
@@ -99,37 +106,28 @@ class QueueClient:
         time, default 1); mode="browse" is shown a copy of every message in the queue and of
         each new one, in arrival order, leasing nothing (with `replay_period`, e.g. "60s",
         only those published within that period before now)."""
-        if mode not in ("queue", "browse"):
-            raise CommandError(f"unknown mode {mode!r}: use 'queue' or 'browse'")
-        replay_ms = None
-        if replay_period is not None:
-            if mode != "browse":
-                raise CommandError("replay_period applies to mode='browse' only")
-            try:
-                replay_ms = Duration.parse(replay_period).ms
-            except ValueError as exc:
-                raise CommandError(f"bad replay_period: {exc}") from None
-        if max_backlog is not None and (isinstance(max_backlog, bool)
-                                        or not isinstance(max_backlog, int)):
-            raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
         if self._shards == 1:
             self._count_shards()  # the service may have made more since this client began
+        asked = subscribe_command(queue, filter, max_backlog, mode, replay_period)
         sub_id = uuid.uuid4().hex
-        sub = Subscription(self, queue, sub_id, 0, mode)
+        sub = Subscription(self, queue, sub_id, 0, mode, asked)
         self._subs[sub_id] = sub  # registered first: deliveries may beat the reply
         try:
-            body = self._request("subscribe", queue=queue, sub_id=sub_id, filter=filter,
-                                 max_backlog=max_backlog, mode=mode,
-                                 replay_period_ms=replay_ms)
+            self._subscribe(sub)
         except KqError:
             self._subs.pop(sub_id, None)
             raise
+        return sub
+
+    def _subscribe(self, sub: Subscription) -> None:
+        """Send `sub`'s subscribe command and take the answer (raise on a refusal)."""
+        body = self._request("subscribe", sub_id=sub.sub_id, **sub.asked)
         sub.backlog = int(body.get("backlog", 0))
         if isinstance(body.get("shard"), int):
-            self._queue_shards[queue] = body["shard"]
+            self._queue_shards[sub.queue] = body["shard"]
         if body.get("heartbeat_ms"):
             self._heartbeat_s = min(self._heartbeat_s, body["heartbeat_ms"] / 4000)
-        return sub
+        sub.confirmed, sub.lost = True, None
 
     def ack(self, queue: str, bookmarks: Iterable[str | Bookmark]) -> None:
         """Acknowledge many messages at once; raise CommandError naming any refused."""
@@ -162,14 +160,7 @@ class QueueClient:
                           "`kq instances`)")
         if args.get("what") == "snapshot":
             return {"shards": [answers[k] for k in sorted(answers)]}
-        joined: dict[str, Any] = {"unanswered_shards": missing} if missing else {}
-        for _, body in sorted(answers.items()):
-            for key, value in body.items():
-                if isinstance(value, list):
-                    joined.setdefault(key, []).extend(value)
-                else:
-                    joined.setdefault(key, value)
-        return joined
+        return join_answers(answers, missing)
 
     def _ask_shards(self, kind: str, shards: Iterable[int], **fields: Any) -> dict[int, Any]:
         """One request to each shard, sent together and awaited together: the answers of
@@ -317,11 +308,24 @@ class QueueClient:
                 self._route_message(env["sub_id"], env["queue"], env["format"], env)
                 continue
             rid = env["request_id"]
-            if rid in self._waiting:
+            if rid == NOTICE and env["kind"] == "reply":
+                self._take_notice(json.loads(env["body"] or "{}"))
+            elif rid in self._waiting:
                 self._take_reply(rid, env["error"], json.loads(env["body"] or "{}"))
             elif env["kind"] == "error" and not rid:
                 log.warning("the service refused a command: %s", env["error"])
                 self.errors.append(env["error"])
+
+    def _take_notice(self, body: dict[str, Any]) -> None:
+        """News from the service about this client's subscriptions: it dropped some (it heard
+        no heartbeat in time), or a shard heard a heartbeat and holds none of them (the news
+        of a drop was lost to a crash). Those are subscribed again by the heartbeat thread."""
+        lost, reason = lost_in_notice(body, list(self._subs.values()), self.shard_of)
+        for sub in lost:
+            if not sub.closed and sub.lost is None:
+                log.warning("the kq service dropped subscription %s to %s (%s): subscribing "
+                            "again", sub.sub_id, sub.queue, reason)
+                sub.dropped(reason)
 
     def _take_reply(self, rid: str, error: str | None, body: dict[str, Any]) -> None:
         """Keep a reply; a large one comes in chunks ({"chunk": i, "chunks": n, "rows": [...]}
@@ -367,10 +371,26 @@ class QueueClient:
             browsed=sub.mode == "browse",
         ))
 
+    def _subscribe_again(self) -> None:
+        """Subscribe again what the service dropped, with the same id and what it asked for.
+        A refusal ends the subscription (its messages() raises it); no answer (no owner for
+        the shard just now) is tried again at the next beat."""
+        for sub in [s for s in list(self._subs.values()) if s.lost and not s.closed]:
+            try:
+                self._subscribe(sub)
+            except CommandError as exc:
+                log.error("subscribing again to %s was refused: %s", sub.queue, exc)
+                sub.refused(str(exc))
+            except KqError as exc:
+                log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
+            else:
+                log.warning("subscribed again to %s", sub.queue)
+
     def _beat(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
             if self._subs:
                 try:
+                    self._subscribe_again()
                     self._flush_acks()
                     for shard in self._shards_used():
                         self._send("heartbeat", shard=shard)

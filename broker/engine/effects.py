@@ -46,7 +46,8 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A command succeeded; `body` goes back to the client."""
+    """A command succeeded; `body` goes back to the client (with `request_id` NOTICE: news
+    about its subscriptions it did not ask for)."""
 
     client: str
     request_id: str

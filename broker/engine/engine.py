@@ -59,6 +59,7 @@ class Engine(Timers, Dispatcher, Acks, Admission):
         # reading the store) nothing is kept and filters ask the loader.
         self.doc_loader = doc_loader
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
+        self.sub_ids_of: dict[str, set[str]] = {}  # client -> ids of its subscriptions
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
         # Clients whose subscriptions were restored after a restart and who have not been
         # heard from since: they may be gone, so nothing is dispatched to them until they are.
@@ -89,7 +90,7 @@ class Engine(Timers, Dispatcher, Acks, Admission):
                 self._drop_client(event.client, now, Reason.UNSUBSCRIBED)
                 self.last_seen.pop(event.client, None)
             case ev.Heartbeat():
-                pass
+                self._heard(event.client)
             case ev.Acked():
                 self._ack(event, now)
             case ev.Cancelled():
@@ -132,9 +133,14 @@ class Engine(Timers, Dispatcher, Acks, Admission):
             sub = q.subscription(t.sub_id or "")
             assert sub is not None
             self.subs[sub.sub_id] = sub
+            self.sub_ids_of.setdefault(sub.client, set()).add(sub.sub_id)
             return None
         if t.kind is Kind.UNSUBSCRIBED:
-            self.subs.pop(t.sub_id or "", None)
+            gone = self.subs.pop(t.sub_id or "", None)
+            ids = self.sub_ids_of.get(gone.client, set()) if gone is not None else set()
+            ids.discard(t.sub_id or "")
+            if gone is not None and not ids:
+                self.sub_ids_of.pop(gone.client, None)
         return q.apply(t)
 
     def resets(self, effects: list[Effect]) -> set[str]:
@@ -290,10 +296,6 @@ class Engine(Timers, Dispatcher, Acks, Admission):
             self._end_subscription(sub, now, Reason.UNSUBSCRIBED)
         if e.request_id:
             self._out.append(Reply(e.client, e.request_id, {"sub_id": e.sub_id}))
-
-    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
-        for sub in [s for s in self.subs.values() if s.client == client]:
-            self._end_subscription(sub, now, reason)
 
     def _end_subscription(self, sub: Subscription, now: int, reason: Reason) -> None:
         """Leases held by an ended subscription return at once."""

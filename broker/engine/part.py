@@ -15,6 +15,7 @@ from broker.expr import Doc
 class EnginePart:
     queues: dict[str, QueueState]
     subs: dict[str, Subscription]
+    sub_ids_of: dict[str, set[str]]
     last_seen: dict[str, int]
     unconfirmed: set[str]
     heartbeat_timeout_ms: int
@@ -34,7 +35,7 @@ class EnginePart:
     def doc_of(self, q: QueueState, msg: Message, now: int | None = None) -> Doc | None:
         raise NotImplementedError
 
-    def _drop_client(self, client: str, now: int, reason: Reason) -> None:
+    def _end_subscription(self, sub: Subscription, now: int, reason: Reason) -> None:
         raise NotImplementedError
 
     def _give_back(self, q: QueueState, msg: Message, now: int, reason: Reason,

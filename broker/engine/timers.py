@@ -1,4 +1,5 @@
-"""Time passing: leases lapse, messages expire, silent clients lose their subscriptions.
+"""Time passing: leases lapse, messages expire, silent clients lose their subscriptions (and
+are told).
 
 A part of the engine (its base class): each timer is a heap with lazy invalidation.
 """
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import heapq
 
+from broker.engine.effects import Reply
 from broker.engine.part import EnginePart
 from broker.engine.queue import QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Reason
-from broker.values import Bookmark
+from broker.values import NOTICE, Bookmark
 
 # How often the available messages are checked again for filters that read the clock.
 CLOCK_RECHECK_MS = 100
@@ -26,6 +28,20 @@ class Timers(EnginePart):
         that time wait unread in Kafka, so it does not count as their silence."""
         for client in self.last_seen:
             self.last_seen[client] += ms
+
+    def _drop_client(self, client: str, now: int, reason: Reason) -> list[str]:
+        """End every subscription of `client`; return their ids."""
+        ended = [self.subs[i] for i in sorted(self.sub_ids_of.get(client, ()))]
+        for sub in ended:
+            self._end_subscription(sub, now, reason)
+        return [s.sub_id for s in ended]
+
+    def _heard(self, client: str) -> None:
+        """A client heartbeats to a shard only while it believes it has subscriptions there:
+        when it has none (dropped, and the notice lost to a crash or a failover; or made
+        before a restart without their queue), say so, and it subscribes again."""
+        if client not in self.sub_ids_of:
+            self._out.append(Reply(client, NOTICE, {"notice": "no-subscriptions"}))
 
     def _tick(self, now: int) -> None:
         for q in self.queues.values():
@@ -47,8 +63,12 @@ class Timers(EnginePart):
         silent = [c for c, seen in self.last_seen.items()
                   if now - seen >= self.heartbeat_timeout_ms]
         for client in silent:
-            self._drop_client(client, now, Reason.DISCONNECTED)
+            dropped = self._drop_client(client, now, Reason.DISCONNECTED)
             del self.last_seen[client]
+            if dropped:  # it may be alive, only slow: tell it, so it can subscribe again
+                self._out.append(Reply(client, NOTICE, {
+                    "notice": "dropped", "sub_ids": dropped,
+                    "reason": f"no heartbeat for {self.heartbeat_timeout_ms} ms"}))
 
     def _lapse_leases(self, q: QueueState, now: int) -> None:
         timers = q.lease_timers

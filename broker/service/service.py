@@ -54,7 +54,7 @@ from broker.state.layout import Checkpoint, Payload, load_payload
 from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
 from broker.state.store import Store
-from broker.values import Bookmark
+from broker.values import NOTICE, Bookmark
 
 log = logging.getLogger("kq.service")
 
@@ -360,8 +360,11 @@ class Service:
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
 
     # -- effects ---------------------------------------------------------------------------
-    def _payload(self, bm: Bookmark, batch: _Batch) -> Payload | None:
-        return batch.cp.payloads.get(bm) or self._stored_payload(bm)
+    def _payload(self, bm: Bookmark, batch: _Batch, queue: str) -> Payload:
+        p = batch.cp.payloads.get(bm) or self._stored_payload(bm)
+        if p is None:
+            raise StateError(f"no stored record for {bm} in queue {queue}")
+        return p
 
     def _stored_payload(self, bm: Bookmark) -> Payload | None:
         """A queued message's payload: held for the next state write, or in the store."""
@@ -369,9 +372,7 @@ class Service:
         return self._committer.held_payload(bm) or load_payload(self._store, bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
-        p = self._payload(d.bookmark, batch)
-        if p is None:
-            raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
+        p = self._payload(d.bookmark, batch, d.queue)
         if batch.envelopes is None:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self.topics.deliver(d.client), d.sub_id, d.queue,
@@ -380,16 +381,16 @@ class Service:
                             p.encode())
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
-        p = self._payload(d.bookmark, batch)
-        if p is None:
-            raise StateError(f"no stored record for {d.bookmark} in queue {d.queue}")
+        p = self._payload(d.bookmark, batch, d.queue)
         batch.outbox.copies.append(dead_letter_copy(d, p))
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:
         q = self.engine.queues.get(body.get("queue", "")) if body and "sub_id" in body else None
-        if q is not None:  # the client sends this queue's commands to this shard from now on
-            body = {**(body or {}), "shard": self.shard}
+        if body is not None and (q is not None or request_id == NOTICE):
+            # subscribed: the client sends the queue's commands to this shard from now on;
+            # a notice: news of the client's subscriptions on this shard
+            body = {**body, "shard": self.shard}
         if q is not None and q.config.schema_:  # a subscriber decodes msg.data with it
             body = {**(body or {}), "schema": load_schema(q.config.schema_)}
         env = wire.encode("envelope", {

@@ -1,5 +1,6 @@
 """SPEC sections 6-7 end to end: the real service, the real client, a real broker."""
 
+import threading
 import time
 
 import pytest
@@ -135,6 +136,61 @@ def test_a_silent_subscriber_loses_its_leases(bootstrap, world):
         s2 = live.subscribe(world.topic)
         (again,) = drain(s2, 1, timeout=10)
         assert (again.bookmark, again.delivery_count) == (bm, 2)
+
+
+def _mute_heartbeats(client):
+    """Make the client's heartbeats vanish while the returned event is set (a worker
+    starved of CPU, or cut off for a while)."""
+    muted = threading.Event()
+    send = client._send
+
+    def send_unless_muted(kind, *args, **fields):
+        if not (kind == "heartbeat" and muted.is_set()):
+            send(kind, *args, **fields)
+
+    client._send = send_unless_muted
+    return muted
+
+
+def test_a_subscriber_dropped_for_silence_is_told_and_subscribes_again(bootstrap, world):
+    world.state["service"] = {"heartbeat_timeout": "1s"}
+    with world.start() as service, world.client() as c:
+        sub = c.subscribe(world.topic)
+        bms = publish(bootstrap, world.topic, [b'{"n": 1}', b'{"n": 2}'])
+        (m,) = drain(sub, 1)
+        muted = _mute_heartbeats(c)
+        muted.set()
+        wait_for(lambda: sub.sub_id not in service.engine.subs, 10, "the service to drop it")
+        muted.clear()
+        again = drain(sub, 1)  # reads the notice; the subscription is made again
+        assert [(x.bookmark, x.delivery_count) for x in again] == [(bms[0], 2)]
+        again[0].ack()
+        (nxt,) = drain(sub, 1)
+        assert nxt.bookmark == bms[1] and sub.sub_id in service.engine.subs
+
+
+def test_a_subscription_the_service_lost_without_a_word_is_made_again(bootstrap, world):
+    with world.start() as service, world.client() as c:
+        sub = c.subscribe(world.topic)
+        c._send("unsubscribe", sub_id=sub.sub_id)  # gone, and no notice said so
+        wait_for(lambda: sub.sub_id not in service.engine.subs, 10, "the unsubscribe")
+        # the next heartbeat is answered "no subscriptions here", and it subscribes again
+        (bm,) = publish(bootstrap, world.topic, [b'{"n": 1}'])
+        (m,) = drain(sub, 1)
+        assert m.bookmark == bm
+
+
+def test_a_subscription_that_cannot_be_made_again_raises(bootstrap, world, tmp_path):
+    other = f"O_{uid()}"
+    ensure_topic(bootstrap, other)
+    with world.client() as c:
+        with world.start():
+            sub = c.subscribe(world.topic)
+        # the service comes back without the queue: subscribing again is refused
+        cfg = config(world.prefix, str(tmp_path), [{"name": other}])
+        with (running_service(bootstrap, cfg),
+              pytest.raises(CommandError, match=f"unknown queue '{world.topic}'")):
+            drain(sub, 1, timeout=10)
 
 
 def test_batch_ack_and_refusals_raise_command_error(bootstrap, world):

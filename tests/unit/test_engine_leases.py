@@ -158,6 +158,39 @@ def test_silent_subscriber_loses_its_leases_after_heartbeat_timeout():
     assert "w1-Q" not in h.engine.subs
 
 
+def test_a_dropped_client_is_told_which_subscriptions_it_lost():
+    h = Harness(queue("Q"), queue("R"), heartbeat_ms=10_000)
+    h.subscribe("w1", "Q")
+    h.subscribe("w1", "R")
+    h.subscribe("w2", "Q")
+    h.now += 9_000
+    h.handle(ev.Heartbeat("w2"))
+    (notice,) = replies(h.advance(1_000))  # only w1 was silent for 10 s
+    assert (notice.client, notice.request_id) == ("w1", "")
+    assert notice.body == {"notice": "dropped", "sub_ids": ["w1-Q", "w1-R"],
+                           "reason": "no heartbeat for 10000 ms"}
+    assert "w1-Q" not in h.engine.subs and "w2-Q" in h.engine.subs
+
+
+def test_a_heartbeat_from_a_client_with_no_subscription_here_is_answered():
+    h = Harness()
+    h.subscribe("w1", "Q")
+    assert replies(h.handle(ev.Heartbeat("w1"))) == []  # it has one: nothing to say
+    h.handle(ev.Unsubscribed("w1", "w1-Q", "u"))
+    (notice,) = replies(h.handle(ev.Heartbeat("w1")))  # its drop notice was lost, say
+    assert notice.request_id == ""
+    assert notice.body == {"notice": "no-subscriptions"}
+
+
+def test_a_dropped_subscription_made_again_with_its_id_gets_messages_again():
+    h = Harness(heartbeat_ms=10_000)
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    h.advance(10_000)  # dropped; a's lease returned
+    assert delivered(h.subscribe("w1")) == [("w1", a, 2)]
+    assert replies(h.handle(ev.Heartbeat("w1"))) == []
+
+
 def test_heartbeats_keep_a_subscription_alive():
     h = Harness(heartbeat_ms=10_000)
     h.publish(1)
