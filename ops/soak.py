@@ -21,7 +21,9 @@ The crash tests `tests/crash/test_random_kills.py` run it small.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -57,6 +59,8 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
                stop_file: str) -> None:
     from broker.client import QueueClient
 
+    # the client's warnings (a subscription dropped and made again) go to stderr: sub<i>.log
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     rnd = random.Random(log)
     with QueueClient(bootstrap, topic_prefix=prefix) as c, open(log, "w") as out:
         sub = c.subscribe(queue, max_backlog=BACKLOG)
@@ -214,6 +218,9 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     stop_file = tmp / "stop"
     logs = [tmp / f"sub{i}.jsonl" for i in range(len(BEHAVIOURS))]
     subs: list[subprocess.Popen[str]] = []
+    stack = contextlib.ExitStack()  # the subscribers' log files
+    sub_errs = [stack.enter_context(open(tmp / f"sub{i}.log", "w"))  # noqa: SIM115 - closed below
+                for i in range(len(BEHAVIOURS))]
     try:
         for service in services:
             service.start(wait_ready=not several)
@@ -225,14 +232,15 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
                                   topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
                                   str(stop_file)],
-                                 cwd=ROOT, stdout=subprocess.PIPE, text=True)
-                for i in range(len(BEHAVIOURS))]
+                                 cwd=ROOT, stdout=subprocess.PIPE, text=True, stderr=err)
+                for i, err in enumerate(sub_errs)]
         for s in subs:
             assert s.stdout is not None and s.stdout.readline().strip() == "subscribed"
     except BaseException:  # nothing left running behind a failed start
         for p in [*subs, *(svc.proc for svc in services if svc.proc)]:
             p.send_signal(signal.SIGCONT)
             p.kill()
+        stack.close()
         raise
     report = Report()
     published: list[str] = []
@@ -265,6 +273,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
                 s.kill()
         for service in services:
             service.stop()
+        stack.close()
     report.published = len(published)
     queue_of = {bm: bm.rsplit("/", 2)[0] for bm in published}
     deliveries = [json.loads(line) for log in logs if log.exists()
@@ -276,7 +285,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         kept = Path(tempfile.mkdtemp(prefix="kq-soak-logs-"))
         for log in tmp.glob("*.log"):
             shutil.copy(log, kept)
-        report.problems.insert(0, f"the kq serve logs are kept in {kept}")
+        report.problems.insert(0, f"the kq serve and subscriber logs are kept in {kept}")
     return report
 
 

@@ -269,6 +269,8 @@ class Committer:
 
     def write_marker(self, nonce: str) -> int:
         """A journal record recovery reads up to, proving it has seen the whole tail."""
+        if self._fence is not None:
+            self._fence.before_marker()
         record = OutRecord(self._journal_topic, wire.encode("journal", {
             "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
             "marker": nonce, "writer": None, "inputs": [], "transitions": []}),

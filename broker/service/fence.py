@@ -75,6 +75,14 @@ class Fence:
         self._last_alive = now
         return gap
 
+    def before_marker(self) -> None:
+        """A restore can take seconds, and the group may give the shard away meanwhile (this
+        process's session expired): a takeover marker written then would land after the new
+        owner's and stop it (every reader would take this process for the owner)."""
+        if not self._still_owner():
+            self._stop("the group gave it to another instance before its takeover marker "
+                       "was written")
+
     def before_commit(self, last_offset: int) -> None:
         if not self._still_owner():
             self._stop("the group gave it to another instance")

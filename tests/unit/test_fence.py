@@ -120,3 +120,14 @@ def test_an_owner_the_group_no_longer_gives_the_shard_stops_before_writing(setup
     owned[0] = False
     with pytest.raises(FencedError, match="the group gave it to another instance"):
         f.before_commit(0)
+
+
+def test_a_shard_given_away_during_its_restore_writes_no_takeover_marker(setup):
+    _, journal, clock = setup
+    owned = [True]
+    f = Fence(lambda: None, "kq.journal", 0, SESSION_S, still_owner=lambda: owned[0],
+              clock=clock)
+    f.before_marker()  # still ours: the marker may be written
+    owned[0] = False  # the session expired while the local state was loading
+    with pytest.raises(FencedError, match="before its takeover marker was written"):
+        f.before_marker()
