@@ -10,8 +10,10 @@ the queues spread over the shards.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -50,8 +52,16 @@ def _wait(what: str, ok, timeout: float = 600) -> None:  # noqa: ANN001
     deadline = time.monotonic() + timeout
     while not ok():
         if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
+            raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+def _keep_logs(tmp: Path, prefix: str) -> Path:
+    """The instances' and subscribers' logs of a failed run, out of the temporary directory."""
+    kept = Path(tempfile.mkdtemp(prefix="kq-bench-logs-"))
+    for log in tmp.glob(f"{prefix}*.log"):
+        shutil.copy(log, kept)
+    return kept
 
 
 def _spread(rows: list[dict], instances: int, n: int) -> bool:
@@ -114,6 +124,8 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
         for w in workers:
             w.wait()
         lat = collect(outs2)
+    except TimeoutError as exc:
+        raise SystemExit(f"{exc}; the logs are kept in {_keep_logs(tmp, prefix)}") from None
     finally:
         for p in procs:
             p.terminate()
