@@ -17,6 +17,8 @@ from tests.integration.kit import (
     wait_for,
 )
 
+# Each test runs `kq journal audit`, which starts Spark in its own process (30-60 s here
+# when the machine is busy): more than the suite's default timeout.
 pytestmark = pytest.mark.integration
 
 
@@ -30,18 +32,23 @@ def depth(cfg) -> dict:
     return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
 
 
+@pytest.mark.timeout(400)
 def test_a_busy_service_killed_and_restarted_has_no_differences(bootstrap, tmp_path):
     with serving_one_queue(bootstrap, tmp_path, "AUD", 'lease_period = "1h"\n') as (
             name, cfg, prefix, serve):
         stop = threading.Event()
         published: list[str] = []
 
-        def load() -> None:  # keeps publishing while the service is killed and audited
+        def load() -> None:
+            """Keeps publishing, about 400 a second, while the service is killed and the
+            audit takes its snapshot (a few seconds in); at most 4,000, so Spark has little
+            to read."""
             i = 0
-            while not stop.is_set():
+            while not stop.is_set() and i < 4_000:
                 published.extend(publish(bootstrap, name, [b'{"n": %d}' % i for i in range(
                     i, i + 20)], key=b"k"))
                 i += 20
+                stop.wait(0.05)
 
         with QueueClient(bootstrap, topic_prefix=prefix, name=f"w-{prefix}") as c:
             sub = c.subscribe(name, max_backlog=10)
@@ -63,6 +70,7 @@ def test_a_busy_service_killed_and_restarted_has_no_differences(bootstrap, tmp_p
     assert result["queues"] == 1 and result["messages"] > 0
 
 
+@pytest.mark.timeout(400)
 def test_a_lost_state_write_is_reported_as_a_difference(bootstrap, tmp_path):
     with serving_one_queue(bootstrap, tmp_path, "LOST", 'lease_period = "1h"\n') as (
             name, cfg, prefix, serve):
@@ -85,6 +93,7 @@ def test_a_lost_state_write_is_reported_as_a_difference(bootstrap, tmp_path):
                                       "journal": None, "service": "leased"}]
 
 
+@pytest.mark.timeout(400)
 def test_each_shard_is_audited_as_of_its_own_batch(bootstrap, tmp_path):
     u = uid()
     names = [f"AUD0_{u}", f"AUD1_{u}"]

@@ -23,6 +23,7 @@ def nearest_rank(values: list[int], p: float) -> int:
     return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
 
 
+@pytest.mark.timeout(400)  # starts Spark in a `kq journal report` process
 def test_the_report_counts_what_the_journal_says(bootstrap, tmp_path):
     with serving_one_queue(bootstrap, tmp_path, "RPT", 'expiration = "30m"\n') as (
             name, cfg, prefix, _):
