@@ -35,6 +35,7 @@ from broker.subscription import (
     Subscription,
     decode_data,
     lost_in_notice,
+    subscribe_again,
     subscribe_command,
     unpack_deliveries,
 )
@@ -96,6 +97,7 @@ class QueueClient:
         # msg.ack() is batched: one command per queue carries every ack made between two
         # waits for messages (or ACK_BATCH of them), the way AMPS clients batch acks.
         self._pending_acks: dict[str, list[str]] = {}
+        self._again: threading.Thread | None = None  # subscribing again what was dropped
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="kq-heartbeat")
         self._heartbeat.start()
 
@@ -371,28 +373,22 @@ class QueueClient:
             browsed=sub.mode == "browse",
         ))
 
-    def _subscribe_again(self) -> None:
-        """Subscribe again what the service dropped, with the same id and what it asked for.
-        A refusal ends the subscription (its messages() raises it); no answer (no owner for
-        the shard just now) is tried again at the next beat."""
-        for sub in [s for s in list(self._subs.values()) if s.lost and not s.closed]:
-            try:
-                self._subscribe(sub)
-            except CommandError as exc:
-                log.error("subscribing again to %s was refused: %s", sub.queue, exc)
-                sub.refused(str(exc))
-            except KqError as exc:
-                log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
-            else:
-                log.warning("subscribed again to %s", sub.queue)
-
     def _beat(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
             if self._subs:
                 try:
-                    self._subscribe_again()
                     self._flush_acks()
                     for shard in self._shards_used():
                         self._send("heartbeat", shard=shard)
+                    self._start_subscribing_again()
                 except Exception as exc:  # never let the heartbeat thread die silently
                     log.warning("heartbeat failed: %s", exc)
+
+    def _start_subscribing_again(self) -> None:
+        """In a thread of its own: waiting for a shard without an owner must not hold up
+        the heartbeats of the others."""
+        if ((self._again is None or not self._again.is_alive())
+                and any(s.lost and not s.closed for s in list(self._subs.values()))):
+            self._again = threading.Thread(target=subscribe_again, args=(self,), daemon=True,
+                                           name="kq-subscribe-again")
+            self._again.start()

@@ -1,21 +1,24 @@
-"""What a subscriber holds: its `Subscription`, yielding `Message`s (SPEC section 7), and the
-unpacking of the service's delivery envelopes into them."""
+"""What a subscriber holds: its `Subscription`, yielding `Message`s (SPEC section 7), made again
+when the service drops it; and the unpacking of the service's delivery envelopes into them."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from broker.errors import CommandError
+from broker.errors import CommandError, KqError
 from broker.formats import decode
 from broker.packed import split_blob, unpack_array, unpack_payload
 from broker.values import Duration
 
 if TYPE_CHECKING:
     from broker.client import QueueClient
+
+log = logging.getLogger("kq.client")
 
 
 @dataclass
@@ -168,3 +171,19 @@ class Subscription:
             self.closed = True
             self.client._request("unsubscribe", sub_id=self.sub_id)
             self.client._subs.pop(self.sub_id, None)
+
+
+def subscribe_again(client: QueueClient) -> None:
+    """Subscribe again what the service dropped, with the same id and what it asked for. A
+    refusal ends the subscription (its messages() raises it); no answer (no owner for the
+    shard just now) is tried again at the next heartbeat."""
+    for sub in [s for s in list(client._subs.values()) if s.lost and not s.closed]:
+        try:
+            client._subscribe(sub)
+        except CommandError as exc:
+            log.error("subscribing again to %s was refused: %s", sub.queue, exc)
+            sub.refused(str(exc))
+        except KqError as exc:
+            log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
+        else:
+            log.warning("subscribed again to %s", sub.queue)
