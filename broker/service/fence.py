@@ -18,7 +18,11 @@ between the old owner's last record and anything it writes later.
   record and them. If something did, its records lie after a takeover marker, where every
   reader ignores them (`BatchAssembler.counts`), and it stops before anything else of the
   batch goes out: no delivery, no state.
-- Before each commit it also asks whether the group still gives it the shard.
+- Before each commit it also asks whether the group still gives it the shard. A process
+  woken from a freeze first waits two heartbeat intervals of the group before its next
+  commit: an evicted member hears so at its first heartbeat after waking, and the instance
+  then takes the shard away (the look at the journal alone misses a new owner whose marker
+  lands a moment after the look).
 
 That leaves a gap of a few milliseconds between a look and the write that follows: a part
 written in it lies after the new owner's marker, inert. With `exactly_once` the broker closes
@@ -46,13 +50,18 @@ log = logging.getLogger("kq.fence")
 class Fence:
     def __init__(self, reader: Callable[[], Consumer], topic: str, partition: int,
                  session_s: float, still_owner: Callable[[], bool] = lambda: True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self._reader = reader  # a consumer of its own: checks reassign it
         self._topic, self._partition = topic, partition
         self._quiet_s = session_s / 2  # quiet longer than this: maybe frozen, maybe evicted
         self._watch_s = session_s * 3  # how long after that to look before every commit
         self._still_owner = still_owner
-        self._clock = clock
+        # two of the group's heartbeat intervals (the instance's: a fifth of the session,
+        # 0.1 to 1 s), the time a woken member takes to hear it was evicted
+        self._settle_s = 2 * min(1.0, max(0.1, session_s / 5))
+        self._settle_until = 0.0
+        self._clock, self._sleep = clock, sleep
         self._confirmed = clock()  # when our last journal write was proven ours
         self._last_alive: float | None = None  # the loop's last turn (none before the first)
         self._watch_until = 0.0  # until when to look before every commit
@@ -72,6 +81,7 @@ class Fence:
                         "journal for a new owner before each commit for %.0f s",
                         self._partition, gap, self._watch_s)
             self._watch_until = now + self._watch_s
+            self._settle_until = now + self._settle_s
         self._last_alive = now
         return gap
 
@@ -84,6 +94,9 @@ class Fence:
                        "was written")
 
     def before_commit(self, last_offset: int) -> None:
+        wait = self._settle_until - self._clock()
+        if wait > 0:  # woken from a freeze: let the group tell this process first
+            self._sleep(wait)
         if not self._still_owner():
             self._stop("the group gave it to another instance")
         now = self._clock()

@@ -51,6 +51,9 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
 
 @pytest.fixture
 def setup(monkeypatch):
@@ -58,7 +61,7 @@ def setup(monkeypatch):
     monkeypatch.setattr(fence_module, "end_offset", journal.end_offset)
     monkeypatch.setattr(fence_module, "records", journal.records)
     journal.markers.append("ours")
-    f = Fence(lambda: None, "kq.journal", 0, SESSION_S, clock=clock)
+    f = Fence(lambda: None, "kq.journal", 0, SESSION_S, clock=clock, sleep=clock.sleep)
     f.writer = "ours"
     return f, journal, clock
 
@@ -115,7 +118,7 @@ def test_an_owner_the_group_no_longer_gives_the_shard_stops_before_writing(setup
     _, journal, clock = setup
     owned = [True]
     f = Fence(lambda: None, "kq.journal", 0, SESSION_S, still_owner=lambda: owned[0],
-              clock=clock)
+              clock=clock, sleep=clock.sleep)
     f.before_commit(0)
     owned[0] = False
     with pytest.raises(FencedError, match="the group gave it to another instance"):
@@ -126,8 +129,32 @@ def test_a_shard_given_away_during_its_restore_writes_no_takeover_marker(setup):
     _, journal, clock = setup
     owned = [True]
     f = Fence(lambda: None, "kq.journal", 0, SESSION_S, still_owner=lambda: owned[0],
-              clock=clock)
+              clock=clock, sleep=clock.sleep)
     f.before_marker()  # still ours: the marker may be written
     owned[0] = False  # the session expired while the local state was loading
     with pytest.raises(FencedError, match="before its takeover marker was written"):
         f.before_marker()
+
+
+def test_a_woken_owner_waits_for_the_group_before_its_next_commit(setup):
+    """Its eviction reaches it at its first heartbeat after waking; a look at the journal
+    alone would miss a new owner whose marker lands right after the look."""
+    _, journal, clock = setup
+    owned, slept = [True], []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.now += seconds
+        owned[0] = False  # meanwhile the group said: evicted
+
+    f = Fence(lambda: None, "kq.journal", 0, SESSION_S, still_owner=lambda: owned[0],
+              clock=clock, sleep=sleep)
+    f.writer = "ours"
+    _busy(f, clock, 1)
+    assert slept == []  # a running owner never waits
+    clock.now += SESSION_S  # frozen
+    f.alive()
+    with pytest.raises(FencedError, match="the group gave it to another instance"):
+        f.before_commit(0)
+    assert slept == [pytest.approx(2.0)]  # two heartbeat intervals of a 10 s session
+    assert journal.looks == 0  # it stopped before writing, without needing the journal
