@@ -139,7 +139,7 @@ class Subscription:
                     self.client._flush_acks()
                 try:
                     msg = self._buffer.popleft()
-                except IndexError:  # emptied meanwhile by a drop (dropped, another thread)
+                except IndexError:  # another thread emptied it meanwhile (a drop notice)
                     continue
                 yield msg
                 quiet_since = time.monotonic()

@@ -57,7 +57,7 @@ def _wait(what: str, ok, timeout: float = 600) -> None:  # noqa: ANN001
 
 
 def _keep_logs(tmp: Path, prefix: str) -> Path:
-    """The instances' and subscribers' logs of a failed run, out of the temporary directory."""
+    """The instances' logs of a failed run, out of the temporary directory."""
     kept = Path(tempfile.mkdtemp(prefix="kq-bench-logs-"))
     for log in tmp.glob(f"{prefix}*.log"):
         shutil.copy(log, kept)

@@ -20,6 +20,11 @@ _QUIET = logging.getLogger("kq.librdkafka")
 _QUIET.setLevel(logging.CRITICAL)
 
 
+def group_heartbeat_ms(session_ms: int) -> int:
+    """The heartbeat interval of kq's group members: a fifth of the session, 0.1 to 1 s."""
+    return max(100, min(1000, session_ms // 5))
+
+
 def base_config(bootstrap: str, extra: Settings | None = None) -> dict[str, Any]:
     # librdkafka logs every failed connection; the reachability check reports those itself.
     cfg: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET,

@@ -41,7 +41,7 @@ from confluent_kafka import Consumer
 
 from broker import wire
 from broker.errors import FencedError
-from broker.kafka.clients import end_offset
+from broker.kafka.clients import end_offset, group_heartbeat_ms
 from broker.kafka.ranges import records
 
 log = logging.getLogger("kq.fence")
@@ -57,9 +57,9 @@ class Fence:
         self._quiet_s = session_s / 2  # quiet longer than this: maybe frozen, maybe evicted
         self._watch_s = session_s * 3  # how long after that to look before every commit
         self._still_owner = still_owner
-        # two of the group's heartbeat intervals (the instance's: a fifth of the session,
-        # 0.1 to 1 s), the time a woken member takes to hear it was evicted
-        self._settle_s = 2 * min(1.0, max(0.1, session_s / 5))
+        # two of the group's heartbeat intervals: the time a woken member takes to hear it
+        # was evicted
+        self._settle_s = 2 * group_heartbeat_ms(int(session_s * 1000)) / 1000
         self._settle_until = 0.0
         self._clock, self._sleep = clock, sleep
         self._confirmed = clock()  # when our last journal write was proven ours

@@ -75,7 +75,7 @@ class Instance:
             "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": max(100, min(1000, session_ms // 5)),
+            "heartbeat.interval.ms": clients.group_heartbeat_ms(session_ms),
             "auto.offset.reset": "latest"})
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms)
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
