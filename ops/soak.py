@@ -13,8 +13,10 @@ With `--instances N` (N > 1), N `kq serve` instances share N shards (one queue p
 least 2 queues; standby_replicas = 1), and each of the `--kills` events picks an instance at
 random and either kills it (-9, then restarts it) or freezes it (SIGSTOP past the session
 timeout, then SIGCONT: it must wake fenced). The check adds: no journal part written by an
-owner after a later owner's takeover marker. At the end `kq journal audit` (on Spark) must
-find no difference between the journal and the live instances (`--no-audit` skips it).
+owner after a later owner's takeover marker. `kq journal audit` (on Spark) runs twice, halfway
+through the disturbances (the queues deep: every queued message's state, delivery and cancel
+counts and holder are compared) and at the end (the counters): it must find no difference
+between the journal and the live instances (`--no-audit` skips it).
 The crash tests `tests/crash/test_random_kills.py` run it small.
 """
 
@@ -172,21 +174,37 @@ def _queue_rows(bootstrap: str, prefix: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _audit(cfg: Path, report: Report) -> None:
-    """`kq journal audit` against the live instances: any difference is a problem."""
+def _audit(cfg: Path, report: Report, mid_run: bool = False) -> None:
+    """`kq journal audit` against the live instances: any difference is a problem. Mid-run
+    (the queues deep, subscribers working) it compares every message still queued; at the end
+    only the counters (enqueued, acked, removed), as nothing is left queued."""
+    when = "mid-run" if mid_run else "at the end"
     out = subprocess.run([sys.executable, "-m", "cli.main", "journal", "audit", "--json",
                           "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     try:
         result = json.loads(out.stdout)
     except ValueError:
-        report.problems.append(f"kq journal audit failed (exit {out.returncode}): "
+        report.problems.append(f"kq journal audit {when} failed (exit {out.returncode}): "
                                f"{out.stderr.strip()[-500:]}")
         return
-    report.audited = result["messages"]
-    report.problems += [f"audit: {d}" for d in result["differences"][:20]]
-    if result["differences"] and len(result["differences"]) > 20:
-        report.problems.append(f"audit: {len(result['differences'])} differences in all")
+    if mid_run:
+        report.audited_mid = result["messages"]
+    else:
+        report.audited = result["messages"]
+    report.problems += [f"audit {when}: {d}" for d in result["differences"][:20]]
+    if len(result["differences"]) > 20:
+        report.problems.append(f"audit {when}: {len(result['differences'])} differences")
+
+
+def _wait_all_served(bootstrap: str, prefix: str, topics: list[str], seconds: float) -> bool:
+    """Until every shard has an owner that answers (a shard moves after a kill)."""
+    deadline = time.monotonic() + seconds
+    while not set(topics) <= set(_queue_rows(bootstrap, prefix)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> None:
@@ -224,11 +242,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     try:
         for service in services:
             service.start(wait_ready=not several)
-        deadline = time.monotonic() + 120
-        while several and len(_queue_rows(bootstrap, prefix)) < len(topics):  # all served
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the instances did not serve every shard; see {tmp}")
-            time.sleep(0.5)
+        if several and not _wait_all_served(bootstrap, prefix, topics, 120):
+            raise SystemExit(f"the instances did not serve every shard; see {tmp}")
         subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
                                   topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
                                   str(stop_file)],
@@ -247,9 +262,14 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     publisher = threading.Thread(target=_publish, args=(bootstrap, topics, messages, published))
     publisher.start()
     try:
-        for _ in range(kills):
+        for k in range(kills):
             time.sleep(rnd.uniform(min_gap, max_gap))
             _disturb(services, rnd, report)
+            if audit and k == kills // 2:  # halfway: the queues are deep, leases out
+                if _wait_all_served(bootstrap, prefix, topics, 60):
+                    _audit(cfg, report, mid_run=True)
+                else:
+                    report.problems.append("mid-run audit: some shard had no owner for 60 s")
         publisher.join()
         deadline = time.monotonic() + 300
         while True:

@@ -25,7 +25,8 @@ class Report:
     deliveries: int = 0
     redeliveries: int = 0
     dead_letter_records: int = 0
-    audited: int | None = None  # messages `kq journal audit` compared, when it ran
+    audited_mid: int | None = None  # messages `kq journal audit` compared mid-run
+    audited: int | None = None  # messages `kq journal audit` compared at the end
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -36,7 +37,9 @@ class Report:
             f"dead-letter records {self.dead_letter_records}",
             f"deliveries seen by subscribers {self.deliveries} "
             f"(redeliveries {self.redeliveries})",
-            *([f"kq journal audit: {self.audited} message(s) compared"]
+            *([f"kq journal audit mid-run: {self.audited_mid} message(s) compared"]
+              if self.audited_mid is not None else []),
+            *([f"kq journal audit at the end: {self.audited} message(s) compared"]
               if self.audited is not None else []),
             f"problems: {len(self.problems)}",
             *self.problems[:20],

@@ -8,6 +8,7 @@ import signal
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,11 +53,15 @@ class Recovered:
 
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
             write_marker, now: int, fetcher: Consumer,  # noqa: ANN001
-            partition: int = 0) -> Recovered:
+            partition: int = 0, stopping: Callable[[], bool] = lambda: False,
+            ) -> Recovered | None:
     """Bring `engine` and `store` to the last committed batch of the journal.
 
     `consumer` reads the journal; `fetcher`, another consumer, reads back the records of
     messages the store has no payload for (while the journal is still being read).
+    None when `stopping()` turned true first (the group took the shard away during a long
+    restore): what was replayed so far is in the store as after a crash mid-restore, and
+    the instance is not held up until the end of a restore it no longer needs.
     """
     started = time.monotonic()
     load_engine(store, engine, now)
@@ -77,6 +82,11 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     deadline = time.monotonic() + JOURNAL_STALL_TIMEOUT_S
     done = meta["offset"] + 1 >= marker_offset
     while not done:
+        if stopping():
+            log.info("restore of shard %d stopped at journal offset %d of %d", partition,
+                     tail.offset, marker_offset)
+            consumer.unassign()
+            return None
         if time.monotonic() > deadline:
             raise StateError(f"could not read {journal_topic} up to offset {marker_offset}")
         records = take(consumer, 500, 0.2)

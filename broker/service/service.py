@@ -153,7 +153,9 @@ class Service:
                                         fence=fence)
             rec = recover(store, self.engine, self._consumer, self.topics.journal,
                           self._committer.write_marker, now_ms(), fetcher=self._commands,
-                          partition=self.shard)
+                          partition=self.shard, stopping=self._stop.is_set)
+            if rec is None:  # stopped during the restore
+                return
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
