@@ -133,6 +133,7 @@ class Committer:
         # The journal only grows; an offset at or below the last one means Kafka lost it.
         self.last_offset = -1
         self.writer: str | None = None  # our start-up marker's nonce, named in every part
+        self.writer_offset: int | None = None  # and its journal offset, named too
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
         self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
@@ -247,7 +248,7 @@ class Committer:
         return [
             OutRecord(self._journal_topic, wire.encode("journal", {
                 "batch": cp.batch, "part": i, "parts": len(chunks), "written_ms": now,
-                "marker": None, "writer": self.writer,
+                "marker": None, "writer": self.writer, "writer_offset": self.writer_offset,
                 # positions ride on the last part: they count only once the batch is whole
                 "inputs": inputs if i == len(chunks) - 1 else [],
                 "transitions": [], "columns": encode_columns(chunk),
@@ -279,6 +280,7 @@ class Committer:
             offset = self._produce_all([record], fatal=True, what="journal marker")[0]
         self.last_offset = max(self.last_offset, offset)
         self.writer = nonce  # from now on our parts count, until someone else's marker
+        self.writer_offset = offset
         if self._fence is not None:
             self._fence.writer = nonce
         return offset

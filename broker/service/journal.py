@@ -24,11 +24,21 @@ class BatchAssembler:
     marker before it; parts of an owner that lost its shard and wrote on (a frozen process
     woken up) land after the new owner's marker and are dropped, by every reader alike.
     Parts without a writer (journal versions before 5) count as before.
+
+    A reader that starts in the middle of a partition (a Spark range) does not know whose
+    marker is in force there until it reads one (`settled` is False until then). Parts also
+    name their marker's offset (version 6), and the owner in force is the writer whose marker
+    is the latest: a fenced writer's marker lies before the marker that fenced it. So until
+    the first marker, a part whose marker is later than the one assumed so far names the
+    owner in force (and the batches assumed before it were a fenced owner's: see
+    `whole_batches`), and a part whose marker is earlier is dropped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reign: str | None = None, settled: bool = True) -> None:
         self._pending: list[Part] = []
-        self.reign: str | None = None  # the last marker's nonce: whose parts count
+        self.reign = reign  # the last marker's nonce: whose parts count
+        self.reign_offset: int | None = None  # its journal offset, when known
+        self.settled = settled  # the reign was read (a marker, or a checkpoint), not assumed
         self.fenced = 0  # parts dropped for it
 
     def counts(self, part: Part) -> bool:
@@ -47,8 +57,11 @@ class BatchAssembler:
         """The whole batch this part completes, or None."""
         if part["marker"] is not None:
             self._pending = []
-            self.reign = part["marker"]
+            self.reign, self.reign_offset = part["marker"], part.get("offset")
+            self.settled = True
             return None
+        if not self.settled:
+            self._assume_from(part)
         if not self.counts(part):
             self.fenced += 1
             return None
@@ -63,6 +76,14 @@ class BatchAssembler:
             return None
         whole, self._pending = self._pending, []
         return whole
+
+    def _assume_from(self, part: Part) -> None:
+        """Before the first marker: a part naming a later marker than the assumed owner's
+        shows the owner in force (its marker lies before this reader's start)."""
+        at = part.get("writer_offset")
+        if at is not None and (self.reign_offset is None or at > self.reign_offset):
+            self.reign, self.reign_offset = part["writer"], at
+            self._pending = [p for p in self._pending if p.get("writer") == self.reign]
 
 
 # -- the columns of a journal part (journal schema version 2) --------------------------------

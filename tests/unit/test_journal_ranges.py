@@ -11,7 +11,9 @@ from broker import wire
 from broker.history.journal import rows_in
 
 
-def part(batch: int, i: int, n: int, tag: str, marker: str | None = None) -> bytes:
+def part(batch: int, i: int, n: int, tag: str, marker: str | None = None,
+         writer: tuple[str, int] | None = None) -> bytes:
+    """One journal record; `writer`: the nonce and offset of its writer's marker."""
     transitions = [] if marker else [{
         "kind": "enqueued", "queue": "Q", "at_ms": batch, "bookmark": f"T/0/{tag}",
         "sub_id": None, "client": None, "delivery_count": 0, "cancel_count": 0,
@@ -19,7 +21,9 @@ def part(batch: int, i: int, n: int, tag: str, marker: str | None = None) -> byt
         "filter": None, "priority": None, "barrier": False, "browse": False,
         "principal": None}]
     return wire.encode("journal", {"batch": batch, "part": i, "parts": n, "written_ms": 0,
-                                   "marker": marker, "inputs": [], "transitions": transitions})
+                                   "marker": marker, "inputs": [], "transitions": transitions,
+                                   "writer": writer and writer[0],
+                                   "writer_offset": writer and writer[1]})
 
 
 def journal(seed: int) -> tuple[list[tuple[int, bytes]], set[str]]:
@@ -60,4 +64,63 @@ def test_ranges_read_apart_give_what_one_reader_gets(seed, cuts):
     pieces = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         pieces += rows_in(records[lo:], end=hi)  # a range reads on past its end if it must
+    assert pieces == whole
+
+
+# -- fencing: ranges that start after a takeover marker they do not see -------------------------
+
+def fenced_journal(seed: int) -> tuple[list[tuple[int, bytes]], set[str]]:
+    """Owners taking over one after another; after a takeover the previous owner (woken from
+    a freeze) may still write a batch or two, anywhere among the new owner's, which every
+    reader must drop. Returns the journal and the tags of the parts that count, by the rule
+    itself: a part counts when its writer wrote the last marker before it. (As in a running
+    service, the owner in force journals something after a fenced owner's part: the fenced
+    owner's batch came from inputs the owner in force reads too.)"""
+    rng = random.Random(seed)
+    values: list[bytes] = []
+    committed: set[str] = set()
+    owner: tuple[str, int] | None = None
+    batch = 0
+
+    def write(by: tuple[str, int], counts: bool, tag: str) -> None:
+        nonlocal batch
+        n = rng.randint(1, 3)
+        values.extend(part(batch, i, n, f"{tag}{batch}.{i}", writer=by) for i in range(n))
+        if counts:
+            committed.update(f"{tag}{batch}.{i}" for i in range(n))
+        batch += 1
+
+    for k in range(rng.randint(2, 6)):
+        before = owner
+        owner = (f"m{k}", len(values))
+        values.append(part(-1, 0, 0, "", marker=owner[0]))
+        for _ in range(rng.randint(2, 25)):
+            if before is not None and rng.random() < 0.15:
+                write(before, False, "z")  # fenced: after `owner`'s marker
+            write(owner, True, "")
+    return list(enumerate(values)), committed
+
+
+def test_a_range_starting_between_a_takeover_and_a_fenced_part_drops_that_part():
+    records = list(enumerate([
+        part(-1, 0, 0, "", marker="a"), part(0, 0, 1, "a0", writer=("a", 0)),
+        part(-1, 0, 0, "", marker="b"),  # b takes over at offset 2
+        part(1, 0, 1, "b1", writer=("b", 2)),
+        part(1, 0, 1, "a-late", writer=("a", 0)),  # a, woken, writes on: fenced
+        part(2, 0, 2, "b2.0", writer=("b", 2)), part(2, 1, 2, "b2.1", writer=("b", 2))]))
+    assert tags(rows_in(records, end=len(records))) == ["a0", "b1", "b2.0", "b2.1"]
+    assert tags(rows_in(records[4:], end=len(records))) == ["b2.0", "b2.1"]
+    # the range holds only the fenced part: what comes after its end tells
+    assert tags(rows_in(records[4:], end=5)) == []
+
+
+@given(seed=st.integers(0, 10_000), cuts=st.lists(st.integers(0, 150), max_size=6))
+def test_ranges_drop_fenced_parts_as_one_reader_does(seed, cuts):
+    records, committed = fenced_journal(seed)
+    whole = list(rows_in(records, end=len(records)))
+    assert set(tags(whole)) == committed
+    bounds = sorted({0, len(records), *(c for c in cuts if c < len(records))})
+    pieces = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        pieces += rows_in(records[lo:], end=hi)
     assert pieces == whole
