@@ -83,13 +83,40 @@ def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
     return _build(AdminClient, cfg)  # type: ignore[no-any-return]
 
 
+class _LastFailure(logging.Handler):
+    """Keeps librdkafka's last connection failure (a refused SASL login, a TLS handshake):
+    what a metadata timeout alone does not say."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.last: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "FAIL" in text:
+            self.last = text.split("]: ", 1)[-1]
+
+
 def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: float = 10.0) -> None:
-    """Raise KafkaUnavailableError (naming the address) unless Kafka answers within `timeout`."""
-    client = admin(bootstrap, extra)
+    """Raise KafkaUnavailableError (naming the address, and librdkafka's last connection
+    failure, e.g. a refused login) unless Kafka answers within `timeout`."""
+    failures = _LastFailure()
+    watcher = logging.getLogger(f"kq.librdkafka.check.{id(failures)}")
+    watcher.propagate = False
+    watcher.setLevel(logging.WARNING)  # its parent, kq.librdkafka, is silenced
+    watcher.addHandler(failures)
+    client = _build(AdminClient, {**base_config(bootstrap, extra), "logger": watcher,
+                                  "allow.auto.create.topics": False})
     try:
         client.list_topics(timeout=timeout)
     except KafkaException as exc:
-        raise KafkaUnavailableError(bootstrap, str(exc.args[0].str())) from None
+        client.poll(0)  # hands over the logs queued meanwhile
+        detail = str(exc.args[0].str())
+        if failures.last:
+            detail += f" (last failure: {failures.last})"
+        raise KafkaUnavailableError(bootstrap, detail) from None
+    finally:
+        watcher.removeHandler(failures)
 
 
 def topic_metadata(client: AdminClient, timeout: float = 10.0) -> dict[str, int | None]:

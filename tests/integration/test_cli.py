@@ -90,6 +90,19 @@ def test_unreachable_kafka_exits_3_naming_the_address_within_15s(tmp_path):
     assert time.monotonic() - started < 15
 
 
+def test_a_refused_login_is_named_not_just_a_timeout(bootstrap, tmp_path):
+    """The embedded broker refuses every SASL login: the error says that, not only that
+    metadata did not come."""
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state", bootstrap)
+    cfg.write_text(cfg.read_text().replace("[[queue]]", (
+        '[service.kafka]\n"security.protocol" = "SASL_PLAINTEXT"\n'
+        '"sasl.mechanisms" = "PLAIN"\n"sasl.username" = "u"\n"sasl.password" = "p"\n'
+        "[[queue]]"), 1))
+    out = kq("queues", "--config", str(cfg))
+    assert out.returncode == 3, out.stderr
+    assert bootstrap in out.stderr and "SASL" in out.stderr
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     ('lease_period = "forever"\n', "'lease_period'"),
     ("colour = 1\n", "'colour': unknown key"),
