@@ -41,6 +41,15 @@ def journal(seed: int) -> tuple[list[tuple[int, bytes]], set[str]]:
     return list(enumerate(values)), committed
 
 
+def in_pieces(records: list[tuple[int, bytes]], cuts: list[int]) -> list:
+    """The rows of the ranges the journal is cut into at `cuts`, read one after another."""
+    bounds = sorted({0, len(records), *(c for c in cuts if c < len(records))})
+    pieces = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        pieces += rows_in(records[lo:], end=hi)  # a range reads on past its end if it must
+    return pieces
+
+
 def tags(rows) -> list[str]:
     return [r["bookmark"].split("/")[-1] for r in rows]
 
@@ -60,11 +69,7 @@ def test_ranges_read_apart_give_what_one_reader_gets(seed, cuts):
     records, committed = journal(seed)
     whole = list(rows_in(records, end=len(records)))
     assert set(tags(whole)) == committed
-    bounds = sorted({0, len(records), *(c for c in cuts if c < len(records))})
-    pieces = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        pieces += rows_in(records[lo:], end=hi)  # a range reads on past its end if it must
-    assert pieces == whole
+    assert in_pieces(records, cuts) == whole
 
 
 # -- fencing: ranges that start after a takeover marker they do not see -------------------------
@@ -119,8 +124,4 @@ def test_ranges_drop_fenced_parts_as_one_reader_does(seed, cuts):
     records, committed = fenced_journal(seed)
     whole = list(rows_in(records, end=len(records)))
     assert set(tags(whole)) == committed
-    bounds = sorted({0, len(records), *(c for c in cuts if c < len(records))})
-    pieces = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        pieces += rows_in(records[lo:], end=hi)
-    assert pieces == whole
+    assert in_pieces(records, cuts) == whole
