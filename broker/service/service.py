@@ -111,8 +111,7 @@ class Service:
                           or self._stored_payload(bm))
         self._still_owner = still_owner  # the group still gives this process the shard
         self._stop = threading.Event()
-        # Crash tests only: never send a held batch on its own, so its deliveries always ride
-        # with the next batch's journal (the path a busy service takes).
+        # Crash tests only: a held batch rides with the next one (as in a busy service).
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
         self._trimmed = False  # freed memory handed back since the last input
         self.ready = threading.Event()
@@ -138,8 +137,7 @@ class Service:
         # with exactly_once, transactional: its start fences an earlier owner of this shard
         self._producer = clients.service_producer(self.bootstrap, self.kafka_extra, (
             f"{self.topics.prefix}.shard.{self.shard}" if svc.exactly_once else None))
-        # Sources prefetch little: what is fetched ahead is memory, and work queued in
-        # front of the commands that arrive meanwhile.
+        # Sources prefetch little: what is fetched ahead is memory, and delays commands.
         self._consumer = clients.consumer(self.bootstrap, self.kafka_extra, **{
             "queued.min.messages": 2000, "queued.max.messages.kbytes": 16384})
         self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
