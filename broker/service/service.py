@@ -49,10 +49,9 @@ from broker.service.metrics import Metrics
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
-from broker.service.topics import Topics, prepare_topics, shard_dir
+from broker.service.shard_io import ShardIO
+from broker.service.topics import Topics
 from broker.state.layout import Checkpoint, Payload, load_payload
-from broker.state.pager import RocksPager
-from broker.state.rocks import RocksStore
 from broker.state.store import Store
 from broker.values import NOTICE, Bookmark
 
@@ -88,18 +87,16 @@ class Service:
         svc = config.service
         self.shard = shard
         self.bootstrap = bootstrap_servers
-        self.kafka_extra: dict[str, Any] = dict(svc.kafka)
         self.topics = Topics(svc.topic_prefix)
         queues = config.queues_of_shard(shard)
         self.router = Router(queues, svc.topic_prefix)
-        limit = int(self.kafka_extra.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        limit = int(svc.kafka.get("message.max.bytes", DEFAULT_MAX_MESSAGE_BYTES))
         self.engine = Engine(queues, svc.heartbeat_timeout.ms,
                              max_message_bytes=limit - ENVELOPE_ALLOWANCE,
                              auth=dict(config.auth) or None,
                              doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
         self._store = store
-        self._pager: RocksPager | None = None
         # command topic -> who sent what is on it. Without [auth] nobody needs to be known
         # (None). With it, each principal has its own topic and the shared one vouches for
         # nobody (""): a claim written inside a record is never believed.
@@ -123,39 +120,25 @@ class Service:
     def run(self) -> None:
         """Connect, recover, then serve until `stop()`."""
         svc = self.config.service
-        clients.check_reachable(self.bootstrap, self.kafka_extra)
-        self._admin = clients.admin(self.bootstrap, self.kafka_extra)
-        prepare_topics(self._admin, self.topics, list(self._command_topics), svc.shards)
-        # each process serves a part of the budget per shard
-        budget = int(svc.memory_budget) // svc.shards
-        if self._store is None:  # RocksDB: half the budget each for the state and the pager
-            self._store = RocksStore(shard_dir(svc.data_dir, self.shard), budget - budget // 2)
-            self._pager = RocksPager(shard_dir(svc.data_dir, self.shard) / "pager",
-                                     budget // 2)
-            self.engine.use_pager(self._pager)
-        store = self._store
-        # with exactly_once, transactional: its start fences an earlier owner of this shard
-        self._producer = clients.service_producer(self.bootstrap, self.kafka_extra, (
-            f"{self.topics.prefix}.shard.{self.shard}" if svc.exactly_once else None))
-        # Sources prefetch little: what is fetched ahead is memory, and delays commands.
-        self._consumer = clients.consumer(self.bootstrap, self.kafka_extra, **{
-            "queued.min.messages": 2000, "queued.max.messages.kbytes": 16384})
-        self._commands = clients.consumer(self.bootstrap, self.kafka_extra)
-        self._fence_reader: Any = None
+        io = ShardIO.open(self.config, self.bootstrap, self.shard, list(self._command_topics),
+                          self._store)
+        self._store = store = io.store
+        if io.pager is not None:
+            self.engine.use_pager(io.pager)
         try:
-            self._fence = fence = Fence(self._journal_reader, self.topics.journal, self.shard,
+            self._fence = fence = Fence(io.journal_reader, self.topics.journal, self.shard,
                           session_s=svc.session_timeout.ms / 1000, still_owner=self._still_owner)
-            self._committer = Committer(self._producer, store, self.engine,
+            self._committer = Committer(io.producer, store, self.engine,
                                         self.topics.journal, next_batch=0,
                                         transactional=svc.exactly_once, partition=self.shard,
                                         fence=fence)
-            rec = recover(store, self.engine, self._consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms(), fetcher=self._commands,
+            rec = recover(store, self.engine, io.consumer, self.topics.journal,
+                          self._committer.write_marker, now_ms(), fetcher=io.commands,
                           partition=self.shard, stopping=self._stop.is_set)
             if rec is None:  # stopped during the restore
                 return
             self._committer.next_batch = rec.next_batch
-            self.inputs = Inputs(self._consumer, self._commands, self._admin, self.router,
+            self.inputs = Inputs(io.consumer, io.commands, io.admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
                                  required=(self.topics.journal,), command_partition=self.shard)
             self._configure_queues()
@@ -168,25 +151,12 @@ class Service:
                 self._step()
             self._committer.flush_held()
         finally:
-            self._consumer.close()
-            self._commands.close()
-            if self._fence_reader is not None:
-                self._fence_reader.close()
-            self._producer.flush(5)
-            store.close()
-            if self._pager is not None:
-                self._pager.close()
+            io.close()
             # Drop every client now: a broker being stopped waits for open connections.
-            del self._committer, self._producer, self._admin
+            self._committer = None  # type: ignore[assignment]
 
     def lag(self) -> int:
         return self.inputs.lag() if hasattr(self, "inputs") else 0
-
-    def _journal_reader(self) -> Any:
-        """A consumer for the fence's look at the journal, made on first use."""
-        if self._fence_reader is None:
-            self._fence_reader = clients.consumer(self.bootstrap, self.kafka_extra)
-        return self._fence_reader
 
     # -- one iteration ---------------------------------------------------------------------
     def _configure_queues(self) -> None:
