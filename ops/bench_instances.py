@@ -48,11 +48,18 @@ def _rows(bs: str, prefix: str) -> list[dict]:
         return []
 
 
-def _wait(what: str, ok, timeout: float = 600) -> None:  # noqa: ANN001
+def _wait(what: str, ok, timeout: float = 600, hopeless=lambda: None) -> None:  # noqa: ANN001
+    """Until ok(); give up after `timeout`, or at once when hopeless() says why."""
     deadline = time.monotonic() + timeout
     while not ok():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
+        why = hopeless()
+        if why is None and time.monotonic() > deadline:
+            why = "timed out"
+        if why is not None:
+            time.sleep(1)  # what was under way when it said so
+            if ok():
+                return
+            raise TimeoutError(f"{why} waiting for {what}")
         time.sleep(0.2)
 
 
@@ -101,16 +108,33 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
             stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "KQ_INSTANCE": f"bench{i}",
                  "KQ_DATA_DIR": str(tmp / f"{prefix}-{i}")}))
+
+    def instance_gone() -> str | None:
+        return next((f"instance bench{i} exited with {p.returncode};"
+                     for i, p in enumerate(procs) if p.poll() is not None), None)
+
     try:
         _wait("every shard to have an instance of its own", lambda: _spread(
-            _rows(bs, prefix), instances, n))
+            _rows(bs, prefix), instances, n), hopeless=instance_gone)
         outs = [tmp / f"{prefix}-{i}.json" for i in range(max(subs, instances))]
         cpu_before = sum(cpu_seconds(p.pid) for p in procs)
         machine_before = machine_cpu_seconds()
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queues[i % instances], str(out), str(backlog))
                    for i, out in enumerate(outs)]
-        _wait(f"{n} acks", lambda: _total(bs, prefix, "acked") >= n)
+        acked = 0
+
+        def all_acked() -> bool:
+            nonlocal acked
+            acked = _total(bs, prefix, "acked") or acked  # 0: no answer this time
+            return acked >= n
+
+        def subscribers_gone() -> str | None:  # each stops after 3 s without a message
+            if any(w.poll() is None for w in workers):
+                return instance_gone()
+            return f"every subscriber stopped (3 s without a message) at {acked} acked,"
+
+        _wait(f"{n} acks", all_acked, hopeless=subscribers_gone)
         drain_s = time.monotonic() - start
         cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
         machine_s = machine_cpu_seconds() - machine_before
