@@ -21,8 +21,9 @@ run: install
 
 # Test files run side by side, one file per worker (each worker starts its own broker): most
 # tests wait on Kafka rather than compute, so two workers nearly halve the time on two cores.
+# The 15 slowest tests are listed at the end: the suite must stay well under CI's 15 minutes.
 test: install-test
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 lint: install-test
 	$(BIN)/ruff check broker cli tests ops
