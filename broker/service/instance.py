@@ -16,15 +16,18 @@ the instances' own status records on PREFIX.instances (what `kq instances` reads
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import TopicPartition
 
 from broker.config import Config
-from broker.errors import FencedError, StateError
+from broker.errors import ConfigError, FencedError, StateError
 from broker.kafka import clients
 from broker.service.metrics import Metrics
 from broker.service.service import Service
@@ -57,6 +60,8 @@ class Instance:
         self._missing_before = False
         self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
+        self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
+        self._duplicate = False  # another live process has this name: leave no trace
 
     def stop(self) -> None:
         self._stop.set()
@@ -77,7 +82,8 @@ class Instance:
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": clients.group_heartbeat_ms(session_ms),
             "auto.offset.reset": "latest"})
-        self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms)
+        self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,
+                                 me=self._status())
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
                               on_revoke=self._revoked, on_lost=self._lost)
         log.info("instance %s joining group %s.service (%d shard(s))", self.name,
@@ -90,6 +96,7 @@ class Instance:
                 self._serve_again_if_still_owned()
                 if time.monotonic() - last_status > STATUS_EVERY_S:
                     self._check_topics(admin, commands)
+                    self._check_name_is_mine()
                     self._publish_status()
                     self._plan_standbys()
                     last_status = time.monotonic()
@@ -99,7 +106,8 @@ class Instance:
             for shard in list(self.standbys):
                 self.standbys.pop(shard).stop()
             self._group.close()  # leaves the group: the others take the shards at once
-            self.board.publish(self._status(stopped=True))
+            if not self._duplicate:  # the name's live holder goes on
+                self.board.publish(self._status(stopped=True))
             self.board.close()
 
     def _check_topics(self, admin: Any, commands: list[str]) -> None:
@@ -116,6 +124,21 @@ class Instance:
                 "the broker restarted empty?). Stopping before the local state diverges; "
                 "restart against the original cluster, or delete data_dir to start afresh.")
         self._missing_before = bool(missing)
+
+    def _check_name_is_mine(self) -> None:
+        """Two live processes under one instance name (a config copied to a second host
+        with its `instance` line) would confuse standby placement and `kq instances`: the
+        one started later stops, naming the other."""
+        self.board.refresh()
+        other = self.board.earlier_namesake()
+        if other is None:
+            return
+        self._duplicate = True
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(other.started_ms / 1000))
+        raise ConfigError(
+            f"another kq serve already runs as instance {self.name!r} (host "
+            f"{other.host or '?'}, pid {other.pid or '?'}, started {started}); each instance "
+            "needs a name of its own ([service] instance, or KQ_INSTANCE). This one stops.")
 
     # -- the group's decisions -------------------------------------------------------------
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
@@ -204,7 +227,8 @@ class Instance:
         lag.update({str(s): {"role": "standby", "records": sb.lag}
                     for s, sb in self.standbys.items()})
         return InstanceStatus(self.name, sorted(self.runners), sorted(self.standbys), lag,
-                              int(time.time() * 1000), stopped)
+                              int(time.time() * 1000), stopped, self.incarnation,
+                              self.started_ms, socket.gethostname(), os.getpid())
 
     def _publish_status(self) -> None:
         status = self._status()

@@ -4,6 +4,12 @@ Each instance writes its status every few seconds, keyed by its name: the shards
 those it keeps warm, and how far behind each is. The latest record of a name is its
 status; one older than the session timeout (or saying it stopped) is an instance gone.
 Standby placement is computed from these by every instance alike.
+
+Each record also names the process that wrote it (its incarnation: a restart is a new one),
+so two live processes given the same instance name find each other: a record of their name
+from another incarnation, written after they started reading, can only come from a process
+alive now; two such records (written 2 s apart) rule out an earlier run still stopping as
+this one starts. The later started of the two stops (`StatusBoard.earlier_namesake`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ class InstanceStatus:
     lag: dict[str, dict[str, Any]] = field(default_factory=dict)  # shard -> role, records
     at_ms: int = 0
     stopped: bool = False
+    incarnation: str = ""  # this run of the process ("" from older kq)
+    started_ms: int = 0
+    host: str = ""
+    pid: int = 0
 
     def live(self, now_ms: int, timeout_ms: int) -> bool:
         return not self.stopped and now_ms - self.at_ms <= timeout_ms
@@ -38,7 +48,9 @@ def decode(value: bytes | None) -> InstanceStatus | None:
         raw = json.loads(value or b"")
         return InstanceStatus(raw["instance"], list(raw["owned"]), list(raw["standby"]),
                               dict(raw.get("lag") or {}), int(raw["at_ms"]),
-                              bool(raw.get("stopped")))
+                              bool(raw.get("stopped")), str(raw.get("incarnation") or ""),
+                              int(raw.get("started_ms") or 0), str(raw.get("host") or ""),
+                              int(raw.get("pid") or 0))
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -63,12 +75,37 @@ def read_statuses(consumer: Any, topic: str) -> dict[str, InstanceStatus]:
     return latest
 
 
+class Namesakes:
+    """Other processes under this instance's name, from the records written since it began
+    reading (the earlier ones are of runs that ended before it started)."""
+
+    def __init__(self, me: InstanceStatus, timeout_ms: int) -> None:
+        self.me, self.timeout_ms = me, timeout_ms
+        self.latest: dict[str, InstanceStatus] = {}  # incarnation -> its latest status
+        self.records: dict[str, int] = {}  # incarnation -> records seen
+
+    def seen(self, status: InstanceStatus) -> None:
+        if status.instance == self.me.instance and status.incarnation != self.me.incarnation:
+            self.latest[status.incarnation] = status
+            self.records[status.incarnation] = self.records.get(status.incarnation, 0) + 1
+
+    def earlier(self, now_ms: int) -> InstanceStatus | None:
+        """A live one that started before this one (ties broken by incarnation, so both
+        sides agree which is the later); two records, so not a run that is stopping."""
+        me = self.me
+        return next((s for s in self.latest.values() if s.live(now_ms, self.timeout_ms)
+                     and self.records[s.incarnation] >= 2
+                     and (s.started_ms, s.incarnation) < (me.started_ms, me.incarnation)),
+                    None)
+
+
 class StatusBoard:
     """This instance's view of all of them, kept current by reading the topic as it grows."""
 
     def __init__(self, bootstrap: str, extra: dict[str, Any], topic: str,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, me: InstanceStatus | None = None) -> None:
         self.topic, self.timeout_ms = topic, max(timeout_ms, 3 * 2000)
+        self.namesakes = Namesakes(me, self.timeout_ms) if me is not None else None
         self._producer = clients.producer(bootstrap, extra, **{"allow.auto.create.topics": False})
         self._consumer = clients.consumer(bootstrap, extra)
         self.latest = read_statuses(self._consumer, topic)
@@ -84,8 +121,16 @@ class StatusBoard:
     def refresh(self) -> None:
         for rec in clients.take(self._consumer, 1000, 0):
             status = decode(rec.value()) if rec.error() is None else None
-            if status is not None:
-                self.latest[status.instance] = status
+            if status is None:
+                continue
+            self.latest[status.instance] = status
+            if self.namesakes is not None:
+                self.namesakes.seen(status)
+
+    def earlier_namesake(self) -> InstanceStatus | None:
+        if self.namesakes is None:
+            return None
+        return self.namesakes.earlier(int(time.time() * 1000))
 
     def live(self) -> list[InstanceStatus]:
         now = int(time.time() * 1000)

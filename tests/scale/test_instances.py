@@ -207,3 +207,29 @@ def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
     assert out.returncode == 1
     assert [r["queue"] for r in json.loads(out.stdout)] == [q0]
     assert "shard 1 did not answer" in out.stderr and q1 in out.stderr
+
+
+def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstrap, tmp_path):
+    """A config copied to a second host with its `instance` line: the later started of two
+    live processes with one name stops, naming the other; the first goes on serving."""
+    u = uid()
+    q0, q1 = f"twin0_{u}", f"twin1_{u}"
+    for q in (q0, q1):
+        ensure_topic(bootstrap, q)
+    cfg = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    first = _instance(cfg, tmp_path, "a")
+    twin = ServeProcess(cfg, tmp_path / "twin.log")
+    try:
+        _owned_by(cfg, {q0: "a", q1: "a"}, 30)
+        twin.start(wait_ready=False, KQ_INSTANCE="a", KQ_DATA_DIR=str(tmp_path / "twin"))
+        assert twin.wait_exit(60) == 2
+        said = " ".join(twin.log_path.read_text().split())
+        assert "another kq serve already runs as instance 'a'" in said
+        assert f"pid {first.proc.pid}" in said
+        assert first.proc.poll() is None
+        _owned_by(cfg, {q0: "a", q1: "a"}, 30)
+        listed = json.loads(kq("instances", "--json", "--config", str(cfg)).stdout)
+        assert [(i["instance"], i["live"]) for i in listed] == [("a", True)]
+    finally:
+        twin.stop()
+        first.stop()

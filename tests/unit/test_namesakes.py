@@ -1,0 +1,55 @@
+"""Two live processes under one instance name find each other from their status records;
+the later started stops. A run that ended or is stopping is not taken for one."""
+
+from broker.service.status import InstanceStatus, Namesakes
+
+TIMEOUT = 6_000
+
+
+def status(incarnation: str, started_ms: int, at_ms: int, name: str = "a",
+           stopped: bool = False) -> InstanceStatus:
+    return InstanceStatus(name, [], [], {}, at_ms, stopped, incarnation, started_ms)
+
+
+def test_the_later_started_finds_the_earlier_and_not_the_other_way_round():
+    early, late = status("x", 1_000, 5_000), status("y", 2_000, 5_000)
+    seen_by_late, seen_by_early = Namesakes(late, TIMEOUT), Namesakes(early, TIMEOUT)
+    for at in (5_000, 7_000):
+        seen_by_late.seen(status("x", 1_000, at))
+        seen_by_early.seen(status("y", 2_000, at))
+    assert seen_by_late.earlier(8_000).incarnation == "x"
+    assert seen_by_early.earlier(8_000) is None
+
+
+def test_a_tie_in_start_time_is_broken_the_same_way_on_both_sides():
+    a, b = status("aaa", 1_000, 0), status("bbb", 1_000, 0)
+    seen_by_a, seen_by_b = Namesakes(a, TIMEOUT), Namesakes(b, TIMEOUT)
+    for at in (5_000, 7_000):
+        seen_by_a.seen(status("bbb", 1_000, at))
+        seen_by_b.seen(status("aaa", 1_000, at))
+    assert seen_by_a.earlier(8_000) is None
+    assert seen_by_b.earlier(8_000) is not None
+
+
+def test_an_earlier_run_stopping_as_this_one_starts_is_not_a_namesake():
+    me = Namesakes(status("new", 2_000, 0), TIMEOUT)
+    me.seen(status("old", 1_000, 2_100))  # its last status, written as this one started
+    assert me.earlier(2_500) is None
+    me.seen(status("old", 1_000, 2_900, stopped=True))
+    assert me.earlier(4_000) is None
+
+
+def test_a_namesake_gone_quiet_past_the_timeout_no_longer_counts():
+    me = Namesakes(status("new", 2_000, 0), TIMEOUT)
+    for at in (3_000, 5_000):
+        me.seen(status("old", 1_000, at))
+    assert me.earlier(6_000) is not None
+    assert me.earlier(5_000 + TIMEOUT + 1) is None
+
+
+def test_other_names_and_its_own_records_are_not_namesakes():
+    me = Namesakes(status("mine", 2_000, 0), TIMEOUT)
+    for at in (3_000, 5_000):
+        me.seen(status("other", 1_000, at, name="b"))
+        me.seen(status("mine", 2_000, at))
+    assert me.earlier(6_000) is None
