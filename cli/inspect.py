@@ -165,7 +165,8 @@ def recovery_points(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = 
 def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
               json: JsonOpt = False) -> None:
     """The `kq serve` instances sharing this config's shards: the shards each owns and keeps
-    warm (standby), how far behind each is, and when it last reported."""
+    warm (standby), how far behind each is, when it last reported, and where it runs (host
+    and pid)."""
     from broker.service.status import read_statuses
     from broker.service.topics import Topics
 
@@ -181,7 +182,8 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
     now = int(time.time() * 1000)
     timeout = max(cfg.service.session_timeout.ms, 6000)
     rows = [{"instance": s.instance, "live": s.live(now, timeout), "owned": s.owned,
-             "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms}
+             "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms,
+             "host": s.host or None, "pid": s.pid or None}
             for s in sorted(found.values(), key=lambda s: s.instance)]
     if json:
         print_json(rows)
@@ -189,7 +191,7 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
     render(console, INSTANCE_COLUMNS, [
         (r["instance"], "yes" if r["live"] else "no", _shards(r["owned"]),
          _shards(r["standby"]), str(sum(v["records"] for v in r["lag"].values())),
-         age(r["last_seen_ms"])) for r in rows])
+         age(r["last_seen_ms"]), f"{r['host'] or '?'}:{r['pid'] or '?'}") for r in rows])
 
 
 def _shards(shards: list[int]) -> str:
@@ -197,4 +199,4 @@ def _shards(shards: list[int]) -> str:
 
 
 INSTANCE_COLUMNS = (Col("instance", key=True), Col("live"), Col("owned"), Col("standby"),
-                    Col("lag", number=True), Col("seen", number=True))
+                    Col("lag", number=True), Col("seen", number=True), Col("host:pid"))

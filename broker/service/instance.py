@@ -38,6 +38,7 @@ from broker.service.topics import Topics, prepare_topics
 log = logging.getLogger("kq.instance")
 
 STATUS_EVERY_S = 2.0
+STOP_WAIT_S = 60.0  # a revoke waits this long for the shard's batch in flight
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Instance:
         self.metrics = Metrics()
         self.owned: set[int] = set()  # what the group gives this instance now
         self.runners: dict[int, _Runner] = {}
+        self.leaving: dict[int, _Runner] = {}  # told to stop, but still in a batch (slow Kafka)
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
         self._missing_before = False
@@ -165,6 +167,9 @@ class Instance:
         self._fenced_at.pop(shard, None)
         if shard in self.runners:
             return
+        old = self.leaving.get(shard)
+        if old is not None and old.thread.is_alive():
+            return  # it holds the shard's RocksDB: started once it ends (_check_runners)
         standby = self.standbys.pop(shard, None)
         if standby is not None:
             standby.stop()  # its copy is where the service starts from
@@ -187,11 +192,23 @@ class Instance:
         if runner is None:
             return
         runner.service.stop()
-        runner.thread.join(60)
+        runner.thread.join(STOP_WAIT_S)
         self.metrics.forget_queues(runner.service.engine.queues)
+        if runner.thread.is_alive():
+            log.warning("instance %s: shard %d's service did not stop within %.0f s (Kafka "
+                        "slow to take its batch?); it stops after that batch", self.name,
+                        shard, STOP_WAIT_S)
+            self.leaving[shard] = runner
+            return
         log.info("instance %s released shard %d", self.name, shard)
 
     def _check_runners(self) -> None:
+        for shard, runner in list(self.leaving.items()):
+            if not runner.thread.is_alive():
+                del self.leaving[shard]
+                log.info("instance %s released shard %d", self.name, shard)
+                if shard in self.owned:  # given back meanwhile
+                    self._start_runner(shard)
         for shard, runner in list(self.runners.items()):
             if runner.thread.is_alive():
                 continue

@@ -229,7 +229,10 @@ def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstr
         assert first.proc.poll() is None
         _owned_by(cfg, {q0: "a", q1: "a"}, 30)
         listed = json.loads(kq("instances", "--json", "--config", str(cfg)).stdout)
-        assert [(i["instance"], i["live"]) for i in listed] == [("a", True)]
+        assert [(i["instance"], i["live"], i["pid"]) for i in listed] == [
+            ("a", True, first.proc.pid)]
+        assert f"{listed[0]['host']}:{first.proc.pid}" in kq(
+            "instances", "--config", str(cfg)).stdout
     finally:
         twin.stop()
         first.stop()
