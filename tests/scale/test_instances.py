@@ -50,6 +50,15 @@ lease_period = "60s"
     return path
 
 
+def _two_queues(bootstrap: str, tmp: Path, stem: str) -> tuple[Path, str, str]:
+    """A config of two shards, one queue each (topics made): (config, queue 0, queue 1)."""
+    u = uid()
+    q0, q1 = f"{stem}0_{u}", f"{stem}1_{u}"
+    for q in (q0, q1):
+        ensure_topic(bootstrap, q)
+    return _config(tmp, f"kq{u}", q0, q1, bootstrap), q0, q1
+
+
 def _instance(cfg: Path, tmp: Path, name: str) -> ServeProcess:
     proc = ServeProcess(cfg, tmp / f"{name}.log")
     return proc.start(wait_ready=False, KQ_INSTANCE=name, KQ_DATA_DIR=str(tmp / name))
@@ -111,11 +120,8 @@ def _writers_after_takeover(bootstrap: str, topic: str, partition: int) -> list[
 
 
 def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_path):
-    u = uid()
-    q0, q1 = f"scale0_{u}", f"scale1_{u}"
-    for q in (q0, q1):
-        ensure_topic(bootstrap, q)
-    cfg = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    cfg, q0, q1 = _two_queues(bootstrap, tmp_path, "scale")
+    prefix = load_config(cfg).service.topic_prefix
     a = _instance(cfg, tmp_path, "a")
     b = None
     try:
@@ -123,7 +129,7 @@ def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_p
         sent = publish(bootstrap, q0, [b'{"n": %d}' % i for i in range(100)])
         sent += publish(bootstrap, q1, [b'{"n": %d}' % i for i in range(100)])
         ledger = Ledger()
-        with QueueClient(bootstrap, topic_prefix=f"kq{u}") as client:
+        with QueueClient(bootstrap, topic_prefix=prefix) as client:
             subs = [client.subscribe(q, max_backlog=20) for q in (q0, q1)]
             for sub in subs:
                 ledger.take(sub, limit=30)
@@ -158,7 +164,7 @@ def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_p
             client.flush()
         assert ledger.problems == []
         assert set(sent) <= ledger.acked, f"{len(set(sent) - ledger.acked)} never delivered"
-        journal = f"kq{u}.journal"
+        journal = f"{prefix}.journal"
         assert _writers_after_takeover(bootstrap, journal, 0) == []
         assert _writers_after_takeover(bootstrap, journal, 1) == []
         woke = (tmp_path / "b.log").read_text()
@@ -195,11 +201,7 @@ def test_an_empty_journal_of_another_shard_count_is_called_lost_data(bootstrap, 
 
 def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
         bootstrap, tmp_path):
-    u = uid()
-    q0, q1 = f"part0_{u}", f"part1_{u}"
-    for q in (q0, q1):
-        ensure_topic(bootstrap, q)
-    path = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    path, q0, q1 = _two_queues(bootstrap, tmp_path, "part")
     path.write_text(path.read_text().replace("[service]\n",
                                              f'[service]\ndata_dir = "{tmp_path / "state"}"\n'))
     with running_service(bootstrap, load_config(path)):  # shard 0 only: shard 1 has no owner
@@ -212,11 +214,7 @@ def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
 def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstrap, tmp_path):
     """A config copied to a second host with its `instance` line: the later started of two
     live processes with one name stops, naming the other; the first goes on serving."""
-    u = uid()
-    q0, q1 = f"twin0_{u}", f"twin1_{u}"
-    for q in (q0, q1):
-        ensure_topic(bootstrap, q)
-    cfg = _config(tmp_path, f"kq{u}", q0, q1, bootstrap)
+    cfg, q0, q1 = _two_queues(bootstrap, tmp_path, "twin")
     first = _instance(cfg, tmp_path, "a")
     twin = ServeProcess(cfg, tmp_path / "twin.log")
     try:

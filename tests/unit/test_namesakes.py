@@ -11,22 +11,25 @@ def status(incarnation: str, started_ms: int, at_ms: int, name: str = "a",
     return InstanceStatus(name, [], [], {}, at_ms, stopped, incarnation, started_ms)
 
 
-def test_the_later_started_finds_the_earlier_and_not_the_other_way_round():
-    early, late = status("x", 1_000, 5_000), status("y", 2_000, 5_000)
-    seen_by_late, seen_by_early = Namesakes(late, TIMEOUT), Namesakes(early, TIMEOUT)
+def each_watching_the_other(a: InstanceStatus, b: InstanceStatus) -> tuple[Namesakes, Namesakes]:
+    """Two live runs of one name, each having read two status records of the other."""
+    seen_by_a, seen_by_b = Namesakes(a, TIMEOUT), Namesakes(b, TIMEOUT)
     for at in (5_000, 7_000):
-        seen_by_late.seen(status("x", 1_000, at))
-        seen_by_early.seen(status("y", 2_000, at))
+        seen_by_a.seen(status(b.incarnation, b.started_ms, at))
+        seen_by_b.seen(status(a.incarnation, a.started_ms, at))
+    return seen_by_a, seen_by_b
+
+
+def test_the_later_started_finds_the_earlier_and_not_the_other_way_round():
+    seen_by_early, seen_by_late = each_watching_the_other(status("x", 1_000, 0),
+                                                          status("y", 2_000, 0))
     assert seen_by_late.earlier(8_000).incarnation == "x"
     assert seen_by_early.earlier(8_000) is None
 
 
 def test_a_tie_in_start_time_is_broken_the_same_way_on_both_sides():
-    a, b = status("aaa", 1_000, 0), status("bbb", 1_000, 0)
-    seen_by_a, seen_by_b = Namesakes(a, TIMEOUT), Namesakes(b, TIMEOUT)
-    for at in (5_000, 7_000):
-        seen_by_a.seen(status("bbb", 1_000, at))
-        seen_by_b.seen(status("aaa", 1_000, at))
+    seen_by_a, seen_by_b = each_watching_the_other(status("aaa", 1_000, 0),
+                                                   status("bbb", 1_000, 0))
     assert seen_by_a.earlier(8_000) is None
     assert seen_by_b.earlier(8_000) is not None
 
