@@ -13,6 +13,11 @@ import pytest
 
 from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError, free_port
 
+# Spark's JVMs in tests (the in-process session and each `kq journal` process) run jobs of
+# seconds on tiny journals: the quick JIT tier and one GC thread start them about 20% sooner
+# on two cores. Production keeps Java's defaults, which pay off on big journals.
+os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 @pytest.fixture(scope="session")
 def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -94,15 +94,17 @@ def _audit_shard(spark: SparkSession, journal: DataFrame,
     ours = journal_state(journal, batch)
     joined = (ours.alias("j").join(theirs.alias("s"), ["queue", "bookmark"], "full")
               .select("queue", "bookmark", *(F.col(f"{side}.{f}").alias(f"{side}_{f}")
-                                             for side in "js" for f in FIELDS))
-              .cache())
-    compared = joined.count()
+                                             for side in "js" for f in FIELDS)))
     differs = F.lit(False)
     for f in FIELDS:
         differs = differs | ~F.col(f"j_{f}").eqNullSafe(F.col(f"s_{f}"))
-    listed = joined.where(differs).orderBy("queue", "bookmark").limit(MAX_LISTED).collect()
-    found = joined.where(differs).count()
-    joined.unpersist()
+    # one job counts both; the differing rows are fetched only when there are any (each
+    # Spark job costs seconds on a cold start, and a healthy service has none)
+    totals = joined.agg(F.count(F.lit(1)).alias("compared"),
+                        F.count(F.when(differs, 1)).alias("found")).first()
+    compared, found = int(totals["compared"]), int(totals["found"])
+    listed = (joined.where(differs).orderBy("queue", "bookmark").limit(MAX_LISTED).collect()
+              if found else [])
     differences = []
     for r in listed:
         gone = r["j_state"] is None or r["s_state"] is None
