@@ -101,7 +101,7 @@ def _audit_shard(spark: SparkSession, journal: DataFrame,
     # one job counts both; the differing rows are fetched only when there are any (each
     # Spark job costs seconds on a cold start, and a healthy service has none)
     totals = joined.agg(F.count(F.lit(1)).alias("compared"),
-                        F.count(F.when(differs, 1)).alias("found")).first()
+                        F.count(F.when(differs, 1)).alias("found")).collect()[0]
     compared, found = int(totals["compared"]), int(totals["found"])
     listed = (joined.where(differs).orderBy("queue", "bookmark").limit(MAX_LISTED).collect()
               if found else [])

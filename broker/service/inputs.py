@@ -19,9 +19,9 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from broker.engine.engine import Engine
-from broker.errors import StateError
 from broker.kafka import clients
 from broker.service.routing import Router
+from broker.service.topics import TopicWatch
 from broker.state.layout import ReaderKey
 
 log = logging.getLogger("kq.inputs")
@@ -42,18 +42,16 @@ class Inputs:
                  router: Router, engine: Engine, command_topics: list[str],
                  positions: dict[ReaderKey, int], required: tuple[str, ...] = (),
                  command_partition: int = 0) -> None:
-        self._consumer, self._admin, self._router = consumer, admin, router
+        self._consumer, self._router = consumer, router
         self._last_input = 0.0  # monotonic time records last came in
         self._commands = commands
         self._engine = engine
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
         self.command_partition = command_partition  # the shard's
         # kq's own topics, created at start: one missing later means Kafka lost its data
-        self.required = {*command_topics, *required}
-        self._missing_before = False
+        self._topics = TopicWatch(admin, {*command_topics, *required}, every_s=TOPIC_REFRESH_S)
         self.positions = positions
         self._assigned: set[tuple[str, int]] = set()
-        self._last_refresh = 0.0
         # TargetQueueDepth: readers that stopped at a record their full queue turned away
         self.blocked: set[ReaderKey] = set()
         self._paused: set[tuple[str, int]] = set()
@@ -140,24 +138,12 @@ class Inputs:
         return {(t, p): o for (r, t, p), o in self.positions.items() if r == queue and o >= 0}
 
     def refresh(self, force: bool = False) -> None:
-        """Pick up underlying topics (and partitions) that appeared since the last look."""
-        if not force and time.monotonic() - self._last_refresh < TOPIC_REFRESH_S:
-            return
-        self._last_refresh = time.monotonic()
-        try:
-            listed = clients.topic_metadata(self._admin, timeout=5)
-        except Exception as exc:  # a slow metadata answer must not stop serving
-            log.warning("could not list topics: %s", exc)
+        """Pick up underlying topics (and partitions) that appeared since the last look: a
+        listing made in the background (or, `force`, one waited for)."""
+        listed = self._topics.now() if force else self._topics.latest()
+        if listed is None:
             return
         topics = {t: n for t, n in listed.items() if n is not None}
-        missing = sorted(t for t in self.required if t not in listed)
-        # twice in a row: one broker of a cluster may not know a topic just created
-        self._missing_before, seen_missing_before = bool(missing), self._missing_before
-        if missing and seen_missing_before:
-            raise StateError(
-                f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
-                "the broker restarted empty?). Stopping before the local state diverges; "
-                "restart against the original cluster, or delete data_dir to start afresh.")
         new = [(t, p) for t, n in topics.items()
                if self._router.wanted(t) and t not in self.command_topics
                for p in range(n) if (t, p) not in self._assigned]

@@ -27,18 +27,20 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from broker.config import Config
-from broker.errors import ConfigError, FencedError, StateError
+from broker.errors import ConfigError, FencedError
 from broker.kafka import clients
 from broker.service.metrics import Metrics
 from broker.service.service import Service
 from broker.service.standby import Standby
 from broker.service.status import InstanceStatus, StatusBoard
-from broker.service.topics import Topics, prepare_topics
+from broker.service.topics import Topics, TopicWatch, prepare_topics
 
 log = logging.getLogger("kq.instance")
 
 STATUS_EVERY_S = 2.0
 STOP_WAIT_S = 60.0  # a revoke waits this long for the shard's batch in flight
+STOP_WITHIN_S = 20.0  # a clean stop of the process ends within this
+STOP_STATUS_S = 2.0  # how long the last "stopped" status record may take to go out
 
 
 @dataclass
@@ -59,7 +61,6 @@ class Instance:
         self.leaving: dict[int, _Runner] = {}  # told to stop, but still in a batch (slow Kafka)
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
-        self._missing_before = False
         self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
         self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
@@ -77,6 +78,7 @@ class Instance:
         commands = [self.topics.commands,
                     *(self.topics.commands_of(p) for p in self.config.auth)]
         prepare_topics(admin, self.topics, commands, svc.shards)
+        topics = TopicWatch(admin, {self.topics.journal, *commands}, every_s=STATUS_EVERY_S)
         session_ms = svc.session_timeout.ms
         self._group = clients.consumer(self.bootstrap, extra, **{
             "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
@@ -96,36 +98,45 @@ class Instance:
                 self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
                 self._check_runners()
                 self._serve_again_if_still_owned()
+                topics.latest()  # raises if kq's topics are gone (Kafka lost its data)
                 if time.monotonic() - last_status > STATUS_EVERY_S:
-                    self._check_topics(admin, commands)
                     self._check_name_is_mine()
                     self._publish_status()
                     self._plan_standbys()
                     last_status = time.monotonic()
         finally:
-            for shard in list(self.runners):
-                self._stop_runner(shard)
-            for shard in list(self.standbys):
-                self.standbys.pop(shard).stop()
-            self._group.close()  # leaves the group: the others take the shards at once
-            if not self._duplicate:  # the name's live holder goes on
-                self.board.publish(self._status(stopped=True))
-            self.board.close()
+            self._stop_all(time.monotonic() + STOP_WITHIN_S)
 
-    def _check_topics(self, admin: Any, commands: list[str]) -> None:
-        """kq's own topics gone (twice in a row: a cluster's brokers may lag) means Kafka lost
-        its data: stop rather than wait for shards of a group that no longer exists."""
-        try:
-            listed = clients.topic_metadata(admin, timeout=5)
-        except Exception:  # noqa: BLE001 - a slow answer is not a lost topic
+    def _stop_all(self, deadline: float) -> None:
+        """A clean stop, within `deadline` even with Kafka away (an orchestrator kills a
+        process that takes longer: Kubernetes after 30 s by default). Every shard's batch in
+        flight is finished side by side; a shard that cannot finish in time (Kafka not
+        taking its batch) is left as a crash would leave it, which a restart recovers."""
+        self.owned.clear()  # any later commit check of a straggler finds the shard gone
+        runners = {**self.runners, **self.leaving}
+        for runner in runners.values():
+            runner.service.stop()
+        for standby in self.standbys.values():
+            standby.stop(0)  # told now, waited for below
+        stuck = []
+        for shard, runner in runners.items():
+            runner.thread.join(max(0.0, deadline - time.monotonic()))
+            if runner.thread.is_alive():
+                stuck.append(shard)
+        for shard in list(self.standbys):
+            self.standbys.pop(shard).stop(max(0.0, deadline - time.monotonic()))
+        if stuck:
+            # still in the group: the others take these shards after the session timeout,
+            # when this process is surely gone (not while its batch may still go out)
+            log.warning("instance %s: shard(s) %s still writing a batch after %.0f s (is Kafka "
+                        "reachable?); stopping without it: a restart recovers them as after "
+                        "a crash", self.name, ", ".join(map(str, stuck)), STOP_WITHIN_S)
+            self.board.close(0)
             return
-        missing = sorted(t for t in (self.topics.journal, *commands) if t not in listed)
-        if missing and self._missing_before:
-            raise StateError(
-                f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
-                "the broker restarted empty?). Stopping before the local state diverges; "
-                "restart against the original cluster, or delete data_dir to start afresh.")
-        self._missing_before = bool(missing)
+        self._group.close()  # leaves the group: the others take the shards at once
+        if not self._duplicate:  # the name's live holder goes on
+            self.board.publish(self._status(stopped=True))
+        self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
 
     def _check_name_is_mine(self) -> None:
         """Two live processes under one instance name (a config copied to a second host

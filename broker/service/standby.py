@@ -42,10 +42,12 @@ class Standby:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Write what was applied and close the copy (the shard's service may open it)."""
+    def stop(self, wait_s: float = 60.0) -> bool:
+        """Write what was applied and close the copy (the shard's service may open it);
+        False if that took longer than `wait_s`."""
         self._stop.set()
-        self._thread.join(60)
+        self._thread.join(wait_s)
+        return not self._thread.is_alive()
 
     def _run_safely(self) -> None:
         try:

@@ -15,6 +15,7 @@ this one starts. The later started of the two stops (`StatusBoard.earlier_namesa
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from broker.kafka import clients
+
+log = logging.getLogger("kq.status")
 
 LOOK_BACK = 5_000  # status records read at start: the latest of every live instance
 
@@ -113,9 +116,11 @@ class StatusBoard:
         self._consumer.assign([TopicPartition(topic, 0, max(0, high))])
 
     def publish(self, status: InstanceStatus) -> None:
+        """Sent in the background: the instance's loop never waits on Kafka for it (one
+        record every few seconds; what Kafka cannot take in time is dropped by librdkafka)."""
         self._producer.produce(self.topic, json.dumps(asdict(status)).encode(),
                                status.instance.encode(), partition=0)
-        self._producer.flush(5)
+        self._producer.poll(0)
         self.latest[status.instance] = status
 
     def refresh(self) -> None:
@@ -155,6 +160,10 @@ class StatusBoard:
                 mine.add(shard)
         return mine
 
-    def close(self) -> None:
-        self._producer.flush(5)
+    def close(self, wait_s: float = 5.0) -> None:
+        """Send what is pending within `wait_s`, then drop the rest (Kafka away: the others
+        see this instance's records stop, and count it gone after the timeout)."""
+        if self._producer.flush(wait_s):
+            log.info("Kafka did not take the last status record within %.0f s", wait_s)
+            self._producer.purge()
         self._consumer.close()

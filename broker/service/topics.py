@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from broker.errors import ConfigError, StateError
 from broker.kafka import clients
+
+log = logging.getLogger("kq.topics")
+T = TypeVar("T")
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
@@ -92,3 +101,82 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
                 f"[service] shards = {shards}, but the command topic {topic} has fewer "
                 f"partitions and this Kafka cannot add some ({exc.args[0].str()}): delete "
                 "the topic, or start afresh with another topic_prefix") from None
+
+
+class TopicWatch:
+    """Kafka's topics, listed every `every_s` on a thread of its own: a loop asking for them
+    never waits on a slow metadata answer (with Kafka unreachable, each waits `timeout_s`),
+    so it goes on answering heartbeats, signals and the group meanwhile.
+
+    It also notices kq's own topics (`required`) vanishing: missing from two listings in a
+    row (one broker of a cluster may not know a topic just created yet), Kafka lost its data,
+    and going on would let the local state diverge from it."""
+
+    def __init__(self, admin: AdminClient, required: set[str], every_s: float = 2.0,
+                 timeout_s: float = 5.0) -> None:
+        self._admin, self.required = admin, required
+        self._every_s, self._timeout_s = every_s, timeout_s
+        self._listing: Future[dict[str, int | None] | None] | None = None
+        self._last = float("-inf")  # when the last listing was asked for
+        self._missing_before = False
+        self._failing = False  # the last listing failed
+
+    def now(self) -> dict[str, int | None] | None:
+        """A listing, waited for (at start-up, before anything is served); None if it
+        failed."""
+        self._last = time.monotonic()
+        return self._checked(self._list())
+
+    def latest(self) -> dict[str, int | None] | None:
+        """A listing finished since the last call, else None; asks for the next one when
+        due."""
+        if self._listing is None:
+            if time.monotonic() - self._last >= self._every_s:
+                self._last = time.monotonic()
+                self._listing = _in_background(self._list)
+            return None
+        if not self._listing.done():
+            return None
+        done, self._listing = self._listing, None
+        return self._checked(done.result())
+
+    def _list(self) -> dict[str, int | None] | None:
+        try:
+            listed = clients.topic_metadata(self._admin, timeout=self._timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a slow answer is not a lost topic
+            # said once, not every few seconds for as long as Kafka is away
+            log.log(logging.DEBUG if self._failing else logging.WARNING,
+                    "could not list Kafka's topics (trying again every %.0f s): %s",
+                    self._every_s, exc)
+            self._failing = True
+            return None
+        if self._failing:
+            log.info("Kafka lists its topics again")
+            self._failing = False
+        return listed
+
+    def _checked(self, listed: dict[str, int | None] | None) -> dict[str, int | None] | None:
+        if listed is None:
+            return None
+        missing = sorted(t for t in self.required if t not in listed)
+        seen_missing_before, self._missing_before = self._missing_before, bool(missing)
+        if missing and seen_missing_before:
+            raise StateError(
+                f"the topic(s) {', '.join(missing)} are gone from Kafka: Kafka lost data (was "
+                "the broker restarted empty?). Stopping before the local state diverges; "
+                "restart against the original cluster, or delete data_dir to start afresh.")
+        return listed
+
+
+def _in_background(fn: Callable[[], T]) -> Future[T]:
+    """`fn()` on a daemon thread (one that never holds up the process's exit)."""
+    result: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            result.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the result
+            result.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="kq-topic-listing").start()
+    return result

@@ -341,3 +341,37 @@ def test_the_broker_restarting_empty_under_the_service_stops_it_cleanly(tmp_path
         if proc.poll() is None:
             proc.kill()
         broker.stop(timeout=0)
+
+
+def test_with_kafka_gone_a_stop_is_prompt_and_nothing_is_taken_for_a_freeze(tmp_path):
+    """Kafka away: the service keeps turning (no listing of topics holds it up, so no
+    false "frozen" alarm), and SIGTERM ends it in seconds, not a row of Kafka timeouts that
+    could outlast an orchestrator's grace period."""
+    broker = EmbeddedBroker(port=free_port()).start()
+    bootstrap = broker.bootstrap_servers
+    cfg = write_config(tmp_path / "kq.toml", "kq", ["Q0", "Q1"], tmp_path / "state",
+                       bootstrap, service="shards = 2")
+    cfg.write_text(cfg.read_text().replace('name = "Q1"', 'name = "Q1"\nshard = 1'))
+    log = tmp_path / "serve.log"
+    with open(log, "a") as out:
+        proc = subprocess.Popen([*KQ, "serve", "--config", str(cfg)], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: log.read_text().count("ready:") == 2, 30, "both shards")
+        publish(bootstrap, "Q0", [b'{"n": 1}'])
+        broker.kill()
+        wait_for(lambda: "could not list" in log.read_text(), 30,
+                 "the service meeting Kafka's absence")
+        started = time.monotonic()
+        proc.terminate()
+        assert proc.wait(60) == 0
+        took = time.monotonic() - started
+        text = log.read_text()
+        assert took < 8, f"stopping took {took:.1f} s"
+        assert "frozen" not in text and "Traceback" not in text
+        # said once by each that lists them (the instance and its two shards), not on
+        assert text.count("could not list Kafka's topics") <= 3
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        broker.stop(timeout=0)
