@@ -77,9 +77,9 @@ class Fence:
         now = self._clock()
         gap = 0.0 if self._last_alive is None else now - self._last_alive
         if gap > self._quiet_s:
-            log.warning("shard %d: this process did not run for %.1f s (frozen?); it checks the "
-                        "journal for a new owner before each commit for %.0f s",
-                        self._partition, gap, self._watch_s)
+            log.warning("shard %d: its loop did not turn for %.1f s (the process frozen, or "
+                        "a call to Kafka that slow); it checks the journal for a new owner "
+                        "before each commit for %.0f s", self._partition, gap, self._watch_s)
             self._watch_until = now + self._watch_s
             self._settle_until = now + self._settle_s
         self._last_alive = now
