@@ -133,6 +133,8 @@ class Instance:
                         "a crash", self.name, ", ".join(map(str, stuck)), STOP_WITHIN_S)
             self.board.close(0)
             return
+        self.runners.clear()
+        self.leaving.clear()
         self._group.close()  # leaves the group: the others take the shards at once
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))

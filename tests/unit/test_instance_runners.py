@@ -1,10 +1,12 @@
 """A shard's service told to stop while its batch is stuck (Kafka slow to take it) keeps the
 shard's RocksDB open: given the shard back meanwhile, the instance starts a new service for
-it only once the old one has ended, never two at once on one directory."""
+it only once the old one has ended, never two at once on one directory. And the process's
+own stop: every shard at once, within a deadline."""
 
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -77,3 +79,63 @@ def test_a_stuck_service_of_a_shard_not_given_back_is_just_let_go(inst):
     inst.leaving[0].thread.join(5)
     inst._check_runners()
     assert not inst.leaving and not inst.runners and len(StuckService.made) == 1
+
+
+class Recorded:
+    """The group member and the status board, as far as a stop uses them."""
+
+    def __init__(self) -> None:
+        self.group_closed = False
+        self.published: list = []
+        self.board_wait: float | None = None
+
+    def close(self, wait_s: float | None = None) -> None:  # the group's, or the board's
+        if wait_s is None:
+            self.group_closed = True
+        else:
+            self.board_wait = wait_s
+
+    def publish(self, status: object) -> None:
+        self.published.append(status)
+
+
+@pytest.fixture
+def stopping(inst: Instance, monkeypatch: pytest.MonkeyPatch) -> tuple[Instance, Recorded]:
+    kit = Recorded()
+    inst._group = kit  # type: ignore[assignment]
+    inst.board = kit  # type: ignore[assignment]
+    monkeypatch.setattr(StuckService, "lag", lambda self: 0, raising=False)
+    return inst, kit
+
+
+def test_a_stop_finishes_every_shard_side_by_side_then_leaves_the_group(stopping):
+    inst, kit = stopping
+    for shard in (0, 1, 2):
+        inst.owned.add(shard)
+        inst._start_runner(shard)
+    finishing = [threading.Timer(0.3, s.unstick.set) for s in StuckService.made]
+    for t in finishing:
+        t.start()  # each shard's batch takes 0.3 s more
+    started = time.monotonic()
+    inst._stop_all(time.monotonic() + 10)
+    assert time.monotonic() - started < 0.8  # one after the other: 0.9 s at least
+    assert StuckService.running == 0 and StuckService.most_at_once == 3
+    assert kit.group_closed and [s.stopped for s in kit.published] == [True]
+    assert kit.published[0].owned == []  # the last record owns nothing
+
+
+def test_a_shard_that_cannot_finish_in_time_is_left_as_a_crash_leaves_it(stopping, caplog):
+    inst, kit = stopping
+    inst.owned.update({0, 1})
+    inst._start_runner(0)
+    inst._start_runner(1)
+    StuckService.made[0].unstick.set()  # shard 0 finishes; shard 1's batch hangs
+    started = time.monotonic()
+    inst._stop_all(time.monotonic() + 0.3)
+    assert time.monotonic() - started < 1.5
+    # still a member: the others take shard 1 after the session timeout, once this process
+    # is surely gone, never while its batch may still go out
+    assert not kit.group_closed and kit.published == [] and kit.board_wait == 0
+    assert "shard(s) 1 still writing a batch" in caplog.text
+    assert not inst.owned  # a late commit check of shard 1's service finds it gone
+    StuckService.made[1].unstick.set()
