@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -18,6 +19,7 @@ from cli.common import (
     BootstrapOpt,
     ConfigOpt,
     console,
+    err_console,
     errors_to_exit_codes,
     fail,
     load,
@@ -101,6 +103,14 @@ def serve(
     finally:
         if embedded is not None:
             embedded.stop()
+    if service.unfinished:
+        # Their threads may still be inside Kafka or RocksDB calls: leave now, as a crash
+        # would, rather than run the interpreter's teardown under them.
+        err_console.print(f"kq: stopped without finishing shard(s) "
+                          f"{', '.join(map(str, service.unfinished))}; a restart recovers "
+                          "them from the journal")
+        logging.shutdown()
+        os._exit(EXIT_FAILURE)
     console.print("kq: stopped")
 
 

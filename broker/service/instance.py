@@ -65,6 +65,7 @@ class Instance:
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
         self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
         self._duplicate = False  # another live process has this name: leave no trace
+        self.unfinished: list[int] = []  # shards still in a batch when the stop gave up
 
     def stop(self) -> None:
         self._stop.set()
@@ -132,6 +133,7 @@ class Instance:
                         "reachable?); stopping without it: a restart recovers them as after "
                         "a crash", self.name, ", ".join(map(str, stuck)), STOP_WITHIN_S)
             self.board.close(0)
+            self.unfinished = stuck
             return
         self.runners.clear()
         self.leaving.clear()

@@ -164,6 +164,7 @@ class StatusBoard:
         """Send what is pending within `wait_s`, then drop the rest (Kafka away: the others
         see this instance's records stop, and count it gone after the timeout)."""
         if self._producer.flush(wait_s):
-            log.info("Kafka did not take the last status record within %.0f s", wait_s)
+            if wait_s:
+                log.info("Kafka did not take the last status record within %.0f s", wait_s)
             self._producer.purge()
         self._consumer.close()

@@ -138,4 +138,5 @@ def test_a_shard_that_cannot_finish_in_time_is_left_as_a_crash_leaves_it(stoppin
     assert not kit.group_closed and kit.published == [] and kit.board_wait == 0
     assert "shard(s) 1 still writing a batch" in caplog.text
     assert not inst.owned  # a late commit check of shard 1's service finds it gone
+    assert inst.unfinished == [1]  # `kq serve` then exits at once, saying so (exit 1)
     StuckService.made[1].unstick.set()
