@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -81,14 +82,19 @@ class Instance:
         prepare_topics(admin, self.topics, commands, svc.shards)
         topics = TopicWatch(admin, {self.topics.journal, *commands}, every_s=STATUS_EVERY_S)
         session_ms = svc.session_timeout.ms
+        self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,
+                                 me=self._status())
+        try:
+            self._check_name_before_joining()
+        except ConfigError:
+            self.board.close(0)
+            raise
         self._group = clients.consumer(self.bootstrap, extra, **{
             "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": clients.group_heartbeat_ms(session_ms),
             "auto.offset.reset": "latest"})
-        self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,
-                                 me=self._status())
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
                               on_revoke=self._revoked, on_lost=self._lost)
         log.info("instance %s joining group %s.service (%d shard(s))", self.name,
@@ -141,6 +147,23 @@ class Instance:
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
+
+    def _check_name_before_joining(self) -> None:
+        """A live record of this name from another run, read at start, comes from a run
+        that crashed just now, or from a second process under this name. On this host with
+        that pid gone, it is the first: go on at once. Otherwise wait, before joining the
+        group, for `_check_name_is_mine` to decide (a live run writes a record every
+        STATUS_EVERY_S): a second process then stops without ever having held a shard."""
+        prior = self.board.latest.get(self.name)
+        if (prior is None or prior.incarnation == self.incarnation
+                or not prior.live(int(time.time() * 1000), self.board.timeout_ms)):
+            return
+        deadline = time.monotonic() + 3 * STATUS_EVERY_S + 1
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if prior.host == socket.gethostname() and not kq_serve_runs(prior.pid):
+                return
+            self._check_name_is_mine()
+            self._stop.wait(0.2)
 
     def _check_name_is_mine(self) -> None:
         """Two live processes under one instance name (a config copied to a second host
@@ -279,3 +302,17 @@ class Instance:
             log.info("instance %s keeps shard %d warm (standby)", self.name, shard)
             self.standbys[shard] = Standby(self.config, self.bootstrap, shard).start()
 
+
+def kq_serve_runs(pid: int) -> bool:
+    """Whether another process of this host with `pid` runs `kq serve` (True when this
+    system cannot tell: the rule of records then decides)."""
+    if pid <= 0 or pid == os.getpid():  # a container restarted: the same pid, a new run
+        return False
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        return b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True

@@ -212,8 +212,9 @@ def test_kq_queues_shows_the_shards_that_answer_and_names_the_one_that_does_not(
 
 
 def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstrap, tmp_path):
-    """A config copied to a second host with its `instance` line: the later started of two
-    live processes with one name stops, naming the other; the first goes on serving."""
+    """A config copied with its `instance` line, started twice: the later started of two
+    live processes with one name stops, naming the other, before it joins the group (no
+    shard moves); the first goes on serving."""
     cfg, q0, q1 = _two_queues(bootstrap, tmp_path, "twin")
     first = _instance(cfg, tmp_path, "a")
     twin = ServeProcess(cfg, tmp_path / "twin.log")
@@ -224,6 +225,7 @@ def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstr
         said = " ".join(twin.log_path.read_text().split())
         assert "another kq serve already runs as instance 'a'" in said
         assert f"pid {first.proc.pid}" in said
+        assert "joining group" not in said and "takes shard" not in said
         assert first.proc.poll() is None
         _owned_by(cfg, {q0: "a", q1: "a"}, 30)
         listed = json.loads(kq("instances", "--json", "--config", str(cfg)).stdout)

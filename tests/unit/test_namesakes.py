@@ -1,6 +1,12 @@
 """Two live processes under one instance name find each other from their status records;
-the later started stops. A run that ended or is stopping is not taken for one."""
+the later started stops. A run that ended or is stopping is not taken for one. On one host,
+a record's pid tells a crashed run from a live one at once."""
 
+import os
+import subprocess
+import sys
+
+from broker.service.instance import kq_serve_runs
 from broker.service.status import InstanceStatus, Namesakes
 
 TIMEOUT = 6_000
@@ -56,3 +62,17 @@ def test_other_names_and_its_own_records_are_not_namesakes():
         me.seen(status("other", 1_000, at, name="b"))
         me.seen(status("mine", 2_000, at))
     assert me.earlier(6_000) is None
+
+
+def test_a_pid_of_this_host_counts_as_a_running_kq_serve_only_while_it_runs_one():
+    sleeper = subprocess.Popen(["sleep", "30"])
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve"])
+    try:
+        assert kq_serve_runs(server.pid)  # its command line has `serve`
+        assert not kq_serve_runs(sleeper.pid)  # a pid reused by something else
+        assert not kq_serve_runs(os.getpid())  # a restarted container's kq: a new run
+    finally:
+        for p in (sleeper, server):
+            p.kill()
+            p.wait()
+    assert not kq_serve_runs(server.pid)  # ended: the record was of a crash
