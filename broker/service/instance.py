@@ -162,7 +162,9 @@ class Instance:
         while time.monotonic() < deadline and not self._stop.is_set():
             if prior.host == socket.gethostname() and not kq_serve_runs(prior.pid):
                 return
-            self._check_name_is_mine()
+            self._check_name_is_mine()  # reads the records written since
+            if self.board.latest[self.name].stopped:  # it was stopping as this one started
+                return
             self._stop.wait(0.2)
 
     def _check_name_is_mine(self) -> None:

@@ -3,10 +3,16 @@ the later started stops. A run that ended or is stopping is not taken for one. O
 a record's pid tells a crashed run from a live one at once."""
 
 import os
+import socket
 import subprocess
 import sys
+import time
 
-from broker.service.instance import kq_serve_runs
+import pytest
+
+from broker.config import parse_config
+from broker.errors import ConfigError
+from broker.service.instance import Instance, kq_serve_runs
 from broker.service.status import InstanceStatus, Namesakes
 
 TIMEOUT = 6_000
@@ -76,3 +82,60 @@ def test_a_pid_of_this_host_counts_as_a_running_kq_serve_only_while_it_runs_one(
             p.kill()
             p.wait()
     assert not kq_serve_runs(server.pid)  # ended: the record was of a crash
+
+
+class ScriptedBoard:
+    """The status board as a starting instance reads it: `prior` read at start, then one
+    record of `arriving` per look."""
+
+    def __init__(self, me: InstanceStatus, prior: InstanceStatus,
+                 arriving: list[InstanceStatus]) -> None:
+        self.latest = {prior.instance: prior}
+        self.timeout_ms = TIMEOUT
+        self.arriving = arriving
+        self.namesakes = Namesakes(me, TIMEOUT)
+
+    def refresh(self) -> None:
+        if self.arriving:
+            s = self.arriving.pop(0)
+            self.latest[s.instance] = s
+            self.namesakes.seen(s)
+
+    def earlier_namesake(self) -> InstanceStatus | None:
+        return self.namesakes.earlier(int(time.time() * 1000))
+
+
+def starting(prior_host: str, prior_pid: int, arriving_stopped: list[bool]) -> Instance:
+    inst = Instance(parse_config({"queue": [{"name": "Q"}], "service": {"instance": "a"}}),
+                    "unused:9092")
+    now = int(time.time() * 1000)
+
+    def record(stopped: bool = False) -> InstanceStatus:
+        return InstanceStatus("a", [0], [], {}, int(time.time() * 1000), stopped, "other",
+                              now - 60_000, prior_host, prior_pid)
+
+    inst.board = ScriptedBoard(inst._status(), record(),  # type: ignore[assignment]
+                               [record(stopped) for stopped in arriving_stopped])
+    return inst
+
+
+def test_a_live_namesake_stops_a_starting_process_before_it_joins_the_group():
+    inst = starting("elsewhere", 4242, [False, False])
+    with pytest.raises(ConfigError, match="already runs as instance 'a'.*pid 4242"):
+        inst._check_name_before_joining()
+
+
+def test_a_namesake_that_was_stopping_lets_a_starting_process_go_on():
+    inst = starting("elsewhere", 4242, [True])
+    started = time.monotonic()
+    inst._check_name_before_joining()
+    assert time.monotonic() - started < 1  # not the whole 7 s
+
+
+def test_a_namesake_of_this_host_whose_pid_is_gone_is_a_crash_and_is_not_waited_for():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    inst = starting(socket.gethostname(), gone.pid, [])
+    started = time.monotonic()
+    inst._check_name_before_joining()
+    assert time.monotonic() - started < 0.5
