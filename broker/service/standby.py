@@ -42,12 +42,11 @@ class Standby:
         self._thread.start()
         return self
 
-    def stop(self, wait_s: float = 60.0) -> bool:
-        """Write what was applied and close the copy (the shard's service may open it);
-        False if that took longer than `wait_s`."""
+    def stop(self, wait_s: float = 60.0) -> None:
+        """Write what was applied and close the copy (the shard's service may open it),
+        waiting at most `wait_s` for it."""
         self._stop.set()
         self._thread.join(wait_s)
-        return not self._thread.is_alive()
 
     def _run_safely(self) -> None:
         try:
