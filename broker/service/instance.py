@@ -232,8 +232,16 @@ class Instance:
         if runner is None:
             return
         runner.service.stop()
-        runner.thread.join(STOP_WAIT_S)
+        # Waited for in the group's callback, so the shard is not served twice; but a stop
+        # of the process cuts the wait short (`_stop_all` then bounds it).
+        give_up = time.monotonic() + STOP_WAIT_S
+        while (runner.thread.is_alive() and time.monotonic() < give_up
+               and not self._stop.is_set()):
+            runner.thread.join(0.1)
         self.metrics.forget_queues(runner.service.engine.queues)
+        if runner.thread.is_alive() and self._stop.is_set():
+            self.leaving[shard] = runner
+            return
         if runner.thread.is_alive():
             log.warning("instance %s: shard %d's service did not stop within %.0f s (Kafka "
                         "slow to take its batch?); it stops after that batch", self.name,

@@ -140,3 +140,22 @@ def test_a_shard_that_cannot_finish_in_time_is_left_as_a_crash_leaves_it(stoppin
     assert not inst.owned  # a late commit check of shard 1's service finds it gone
     assert inst.unfinished == [1]  # `kq serve` then exits at once, saying so (exit 1)
     StuckService.made[1].unstick.set()
+
+
+def test_a_stop_of_the_process_cuts_short_a_revoke_waiting_on_a_stuck_shard(
+        stopping, monkeypatch):
+    """The group's revoke callback waits for the shard's batch (up to a minute with Kafka
+    slow); SIGTERM meanwhile must not wait that long too."""
+    inst, kit = stopping
+    monkeypatch.setattr(instance_module, "STOP_WAIT_S", 60)
+    inst.owned.add(0)
+    inst._start_runner(0)
+    revoking = threading.Thread(target=inst._stop_runner, args=(0,))
+    revoking.start()
+    inst.stop()  # SIGTERM, while the callback waits
+    revoking.join(2)
+    assert not revoking.is_alive()
+    started = time.monotonic()
+    inst._stop_all(time.monotonic() + 0.3)
+    assert time.monotonic() - started < 1.5 and inst.unfinished == [0]
+    StuckService.made[0].unstick.set()
