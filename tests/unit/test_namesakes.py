@@ -72,8 +72,13 @@ def test_other_names_and_its_own_records_are_not_namesakes():
 
 def test_a_pid_of_this_host_counts_as_a_running_kq_serve_only_while_it_runs_one():
     sleeper = subprocess.Popen(["sleep", "30"])
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "serve"])
+    # Popen returns once exec has begun, a moment before the kernel sets up the new command
+    # line: the child says when it runs, so the test reads a line that is there.
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)", "serve"],
+        stdout=subprocess.PIPE)
     try:
+        assert server.stdout.readline() == b"up\n"
         assert kq_serve_runs(server.pid)  # its command line has `serve`
         assert not kq_serve_runs(sleeper.pid)  # a pid reused by something else
         assert not kq_serve_runs(os.getpid())  # a restarted container's kq: a new run
@@ -81,6 +86,7 @@ def test_a_pid_of_this_host_counts_as_a_running_kq_serve_only_while_it_runs_one(
         for p in (sleeper, server):
             p.kill()
             p.wait()
+    server.stdout.close()
     assert not kq_serve_runs(server.pid)  # ended: the record was of a crash
 
 
