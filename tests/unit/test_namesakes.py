@@ -135,7 +135,7 @@ def test_a_namesake_that_was_stopping_lets_a_starting_process_go_on():
     inst = starting("elsewhere", 4242, [True])
     started = time.monotonic()
     inst._check_name_before_joining()
-    assert time.monotonic() - started < 1  # not the whole 7 s
+    assert time.monotonic() - started < 3  # not the whole 7 s
 
 
 def test_a_namesake_of_this_host_whose_pid_is_gone_is_a_crash_and_is_not_waited_for():
@@ -144,4 +144,4 @@ def test_a_namesake_of_this_host_whose_pid_is_gone_is_a_crash_and_is_not_waited_
     inst = starting(socket.gethostname(), gone.pid, [])
     started = time.monotonic()
     inst._check_name_before_joining()
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 3  # not the whole 7 s
