@@ -25,10 +25,51 @@ def group_heartbeat_ms(session_ms: int) -> int:
     return max(100, min(1000, session_ms // 5))
 
 
-def base_config(bootstrap: str, extra: Settings | None = None) -> dict[str, Any]:
+# Settings that kq's guarantees rest on, or that one of kq's own keys sets. A value for one
+# in [service.kafka] (or a client's kafka_config) is refused, never silently overridden.
+_OFFSETS = "kq keeps its read positions in its own state, written with the state"
+KQ_DECIDES: dict[str, str] = {
+    "bootstrap.servers": "[service] bootstrap_servers says where Kafka is",
+    "metadata.broker.list": "[service] bootstrap_servers says where Kafka is",
+    "group.id": "kq names its one consumer group itself (PREFIX.service)",
+    "enable.auto.commit": _OFFSETS,
+    "auto.commit.enable": _OFFSETS,
+    "enable.auto.offset.store": _OFFSETS,
+    "auto.offset.reset": "kq decides where each of its readers starts",
+    "enable.partition.eof": "kq's readers are written for it off",
+    "enable.idempotence": "kq's journal writes are idempotent; its commands need none",
+    "acks": "kq counts a write done only once every in-sync replica has it",
+    "request.required.acks": "kq counts a write done only once every in-sync replica has it",
+    "transactional.id": "[service] exactly_once makes kq's producers transactional",
+    "session.timeout.ms": "[service] session_timeout sets it",
+    "heartbeat.interval.ms": "kq derives it from [service] session_timeout",
+    "partition.assignment.strategy": "kq's shards move by cooperative-sticky assignment",
+    "max.in.flight.requests.per.connection": "a client's commands keep their order with one "
+                                             "request in flight",
+    "max.in.flight": "a client's commands keep their order with one request in flight",
+    "allow.auto.create.topics": "kq creates its topics itself, with the partitions and "
+                                "retention they need",
+}
+
+
+def check_settings(extra: Settings | None) -> None:
+    """Refuse a pass-through setting kq decides itself (ConfigError naming it and why)."""
+    for key in extra or {}:
+        if key in KQ_DECIDES:
+            raise ConfigError(f"[service.kafka] (Kafka client settings): {key!r} is kq's to "
+                              f"set ({KQ_DECIDES[key]}); remove it")
+
+
+def base_config(bootstrap: str, extra: Settings | None = None,
+                defaults: Settings | None = None) -> dict[str, Any]:
+    """A client's settings: kq's `defaults` for its role (tuning such as `linger.ms` and
+    `fetch.wait.max.ms`, and the settings of KQ_DECIDES), then the pass-through `extra`,
+    which wins, as an operator tuning for their own Kafka expects."""
+    check_settings(extra)
     # librdkafka logs every failed connection; the reachability check reports those itself.
     cfg: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET,
                            "error_cb": lambda err: None}
+    cfg.update(defaults or {})
     cfg.update(extra or {})
     return cfg
 
@@ -43,9 +84,8 @@ def _build(kind: Any, cfg: dict[str, Any]) -> Any:
 
 
 def producer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Producer:
-    cfg = base_config(bootstrap, extra)
-    cfg.update({"linger.ms": 2, "enable.idempotence": True, "acks": "all"})
-    cfg.update(overrides)
+    cfg = base_config(bootstrap, extra, {"linger.ms": 2, "enable.idempotence": True,
+                                         "acks": "all", **overrides})
     return _build(Producer, cfg)  # type: ignore[no-any-return]
 
 
@@ -62,24 +102,23 @@ def service_producer(bootstrap: str, extra: Settings | None,
 
 
 def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) -> Consumer:
-    cfg = base_config(bootstrap, extra)
-    cfg.update({
+    cfg = base_config(bootstrap, extra, {
         "group.id": "kq-unused",  # required by librdkafka; kq assigns and stores offsets itself
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
-        # Some brokers (the embedded one) hold every fetch this long even when records
-        # arrive meanwhile, so it is the latency of each hop; Apache Kafka answers at once.
+        # Some brokers (the embedded one) hold a fetch for about this long even when records
+        # arrive meanwhile, so it is the latency of each hop. Apache Kafka answers at once:
+        # there a longer wait ([service.kafka]) only saves idle fetch requests.
         "fetch.wait.max.ms": 5,
         "enable.partition.eof": False,
-    })
-    cfg.update(overrides)
+        **overrides})
     return _build(Consumer, cfg)  # type: ignore[no-any-return]
 
 
 def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
     # Asking about a topic must not create it (librdkafka's admin handle would, by default).
-    cfg = {**base_config(bootstrap, extra), "allow.auto.create.topics": False}
+    cfg = base_config(bootstrap, extra, {"allow.auto.create.topics": False})
     return _build(AdminClient, cfg)  # type: ignore[no-any-return]
 
 
@@ -105,8 +144,9 @@ def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: floa
     watcher.propagate = False
     watcher.setLevel(logging.WARNING)  # its parent, kq.librdkafka, is silenced
     watcher.addHandler(failures)
-    client = _build(AdminClient, {**base_config(bootstrap, extra), "logger": watcher,
-                                  "allow.auto.create.topics": False})
+    client = _build(AdminClient, {**base_config(bootstrap, extra,
+                                                {"allow.auto.create.topics": False}),
+                                  "logger": watcher})
     try:
         client.list_topics(timeout=timeout)
     except KafkaException as exc:

@@ -225,12 +225,14 @@ def test_the_guard_passes_signals_on_and_follows_its_command(tmp_path):
     assert marker.read_text() == "TERM"  # the command was asked to stop, and did
 
 
-def test_a_kafka_setting_librdkafka_refuses_is_a_config_error(tmp_path):
+@pytest.mark.parametrize("setting", ['"bogus.setting" = "1"',  # librdkafka refuses it
+                                     '"enable.auto.commit" = true'])  # kq's to set
+def test_a_kafka_setting_librdkafka_or_kq_refuses_is_a_config_error(tmp_path, setting):
     cfg = write_config(tmp_path / "kq.toml", "kq", ["Q"], tmp_path / "state", "127.0.0.1:1")
-    text = cfg.read_text().replace("[[queue]]", '[service.kafka]\n"bogus.setting" = "1"\n'
-                                   "[[queue]]", 1)
+    text = cfg.read_text().replace("[[queue]]", f"[service.kafka]\n{setting}\n[[queue]]", 1)
     cfg.write_text(text)
+    key = setting.split('"')[1]
     for command in (["serve"], ["queues"]):
         out = kq(*command, "--config", str(cfg))
         assert out.returncode == 2, out.stderr
-        assert "[service.kafka]" in out.stderr and "bogus.setting" in out.stderr
+        assert "[service.kafka]" in out.stderr and key in out.stderr

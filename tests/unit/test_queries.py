@@ -17,7 +17,7 @@ from tests.unit.harness import Harness, queue
 DEEP = 100_000
 
 
-def best_ms(fn, runs: int = 5) -> float:
+def best_ms(fn, runs: int = 20) -> float:
     """The fastest of a few runs: what the work costs, without the machine's noise."""
     times = []
     for _ in range(runs):
