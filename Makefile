@@ -27,7 +27,7 @@ test: install-test
 
 lint: install-test
 	$(BIN)/ruff check broker cli tests ops
-	$(BIN)/mypy broker
+	$(BIN)/mypy broker cli
 
 bench: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'

@@ -181,10 +181,11 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
             consumer.close()
     now = int(time.time() * 1000)
     timeout = max(cfg.service.session_timeout.ms, 6000)
-    rows = [{"instance": s.instance, "live": s.live(now, timeout), "owned": s.owned,
-             "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms,
-             "host": s.host or None, "pid": s.pid or None}
-            for s in sorted(found.values(), key=lambda s: s.instance)]
+    rows: list[dict[str, Any]] = [
+        {"instance": s.instance, "live": s.live(now, timeout), "owned": s.owned,
+         "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms,
+         "host": s.host or None, "pid": s.pid or None}
+        for s in sorted(found.values(), key=lambda s: s.instance)]
     if json:
         print_json(rows)
         return

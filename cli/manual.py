@@ -35,7 +35,7 @@ def publish(
         jsonlib.loads(payload)
     except ValueError as exc:
         fail(f"the payload is not JSON: {exc}", EXIT_USAGE)
-    headers = []
+    headers: list[tuple[str, str | bytes | None]] = []
     for h in header or []:
         name, sep, value = h.partition("=")
         if not sep:

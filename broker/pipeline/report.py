@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ CHART_POINTS = 150
 REPORT_COLUMNS = "queue,bookmark,kind,at_ms,client,reason"
 
 
-def journal_frame(spark: SparkSession, bootstrap: str, prefix: str, kafka: dict[str, str],
+def journal_frame(spark: SparkSession, bootstrap: str, prefix: str,
+                  kafka: Mapping[str, str | int | bool],
                   queue: str | None, since: str | None, until: str | None,
                   columns: str | None = None) -> DataFrame:
     """The kq-journal source with these options (`columns`: a subset, all by default)."""
@@ -39,8 +41,8 @@ def journal_frame(spark: SparkSession, bootstrap: str, prefix: str, kafka: dict[
     for key, value in (("queue", queue), ("since", since), ("until", until)):
         if value:
             reader = reader.option(key, value)
-    for key, value in kafka.items():
-        reader = reader.option(f"kafka.{key}", value)
+    for setting, given in kafka.items():
+        reader = reader.option(f"kafka.{setting}", given)
     return reader.load()
 
 
