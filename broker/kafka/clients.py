@@ -32,6 +32,8 @@ KQ_DECIDES: dict[str, str] = {
     "bootstrap.servers": "[service] bootstrap_servers says where Kafka is",
     "metadata.broker.list": "[service] bootstrap_servers says where Kafka is",
     "group.id": "kq names its one consumer group itself (PREFIX.service)",
+    "group.instance.id": "kq's instances are dynamic group members: one static id shared "
+                         "by several instances' config would have them fence each other",
     "enable.auto.commit": _OFFSETS,
     "auto.commit.enable": _OFFSETS,
     "enable.auto.offset.store": _OFFSETS,

@@ -25,6 +25,7 @@ def test_kqs_defaults_stand_where_the_operator_says_nothing():
 @pytest.mark.parametrize("key, words", [
     ("enable.auto.commit", "read positions in its own state"),
     ("group.id", "PREFIX.service"),
+    ("group.instance.id", "fence each other"),
     ("acks", "every in-sync replica"),
     ("session.timeout.ms", "[service] session_timeout"),
     ("bootstrap.servers", "[service] bootstrap_servers"),
