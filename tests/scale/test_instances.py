@@ -236,3 +236,61 @@ def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstr
     finally:
         twin.stop()
         first.stop()
+
+
+def _replayed_at_takeover(log: Path, shard: int) -> int:
+    """Journal batches the last restore of `shard` replayed, as its "ready" line says."""
+    said = [line for line in log.read_text().splitlines() if f"ready: shard {shard}," in line]
+    assert said, f"{log.name} never says shard {shard} is ready"
+    return int(said[-1].split("queue(s), ")[1].split(" batch")[0])
+
+
+def _journal_batches(bootstrap: str, topic: str, partition: int) -> int:
+    c = clients.consumer(bootstrap)
+    try:
+        (lo, end), = real_ends(c, [(topic, partition)]).values()
+        return len({wire.decode("journal", rec.value())["batch"]
+                    for rec in records(c, topic, partition, lo, end)})
+    finally:
+        c.close()
+
+
+def test_a_standby_takes_over_a_long_journal_replaying_only_its_tail(bootstrap, tmp_path):
+    """What standby_replicas = 1 is for: the instance that kept a shard warm, given it after
+    its owner's kill -9, replays the last batches of the journal, not the whole of it."""
+    cfg, q0, q1 = _two_queues(bootstrap, tmp_path, "warm")
+    prefix = load_config(cfg).service.topic_prefix
+    a, b = _instance(cfg, tmp_path, "a"), None
+    try:
+        _owned_by(cfg, {q0: "a", q1: "a"}, 30)
+        b = _instance(cfg, tmp_path, "b")
+        owners = wait_for(lambda: o if sorted((o := _owners(cfg)).values()) == ["a", "b"]
+                          else None, 40, "a shard to move to b")
+        queue = next(q for q, who in owners.items() if who == "a")
+        shard = [q0, q1].index(queue)
+        sent = publish(bootstrap, queue, [b'{"n": %d}' % i for i in range(600)])
+        ledger = Ledger()
+        with QueueClient(bootstrap, topic_prefix=prefix) as client:
+            sub = client.subscribe(queue, max_backlog=5)  # many small batches
+            while len(ledger.acked) < len(sent):
+                assert ledger.take(sub, timeout=5), "the queue stopped delivering"
+            client.flush()
+
+        def warm() -> bool:
+            listed = json.loads(kq("instances", "--json", "--config", str(cfg)).stdout or "[]")
+            return any(i["instance"] == "b" and shard in i["standby"] and
+                       all(v["records"] == 0 for v in i["lag"].values()) for i in listed)
+
+        wait_for(warm, 30, f"b to keep shard {shard} warm and caught up")
+        journal = _journal_batches(bootstrap, f"{prefix}.journal", shard)
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait()
+        _owned_by(cfg, {q0: "b", q1: "b"}, SESSION + 30)
+        replayed = _replayed_at_takeover(tmp_path / "b.log", shard)
+        assert journal > 100, "the journal was meant to be long"
+        assert replayed <= 5, f"b replayed {replayed} of {journal} journal batches"
+        assert ledger.problems == []
+    finally:
+        for proc in (a, b):
+            if proc is not None:
+                proc.stop()
