@@ -101,22 +101,26 @@ class Ledger:
         return got
 
 
-def _writers_after_takeover(bootstrap: str, topic: str, partition: int) -> list[str]:
-    """Journal parts that lie after a later owner's marker but name an earlier writer."""
+def _journal_parts(bootstrap: str, topic: str, partition: int) -> list[tuple[int, dict]]:
+    """Every part of a journal partition, with its offset."""
     c = clients.consumer(bootstrap)
     try:
         (lo, end), = real_ends(c, [(topic, partition)]).values()
-        reign, seen_markers, stray = None, [], []
-        for rec in records(c, topic, partition, lo, end):
-            part = wire.decode("journal", rec.value())
-            if part["marker"]:
-                reign = part["marker"]
-                seen_markers.append(reign)
-            elif part["writer"] and part["writer"] != reign:
-                stray.append(f"offset {rec.offset()} by {part['writer']}")
-        return stray
+        return [(rec.offset(), wire.decode("journal", rec.value()))
+                for rec in records(c, topic, partition, lo, end)]
     finally:
         c.close()
+
+
+def _writers_after_takeover(bootstrap: str, topic: str, partition: int) -> list[str]:
+    """Journal parts that lie after a later owner's marker but name an earlier writer."""
+    reign, stray = None, []
+    for offset, part in _journal_parts(bootstrap, topic, partition):
+        if part["marker"]:
+            reign = part["marker"]
+        elif part["writer"] and part["writer"] != reign:
+            stray.append(f"offset {offset} by {part['writer']}")
+    return stray
 
 
 def test_shards_move_on_add_kill_and_freeze_and_nothing_is_lost(bootstrap, tmp_path):
@@ -245,16 +249,6 @@ def _replayed_at_takeover(log: Path, shard: int) -> int:
     return int(said[-1].split("queue(s), ")[1].split(" batch")[0])
 
 
-def _journal_batches(bootstrap: str, topic: str, partition: int) -> int:
-    c = clients.consumer(bootstrap)
-    try:
-        (lo, end), = real_ends(c, [(topic, partition)]).values()
-        return len({wire.decode("journal", rec.value())["batch"]
-                    for rec in records(c, topic, partition, lo, end)})
-    finally:
-        c.close()
-
-
 def test_a_standby_takes_over_a_long_journal_replaying_only_its_tail(bootstrap, tmp_path):
     """What standby_replicas = 1 is for: the instance that kept a shard warm, given it after
     its owner's kill -9, replays the last batches of the journal, not the whole of it."""
@@ -282,7 +276,8 @@ def test_a_standby_takes_over_a_long_journal_replaying_only_its_tail(bootstrap, 
                        all(v["records"] == 0 for v in i["lag"].values()) for i in listed)
 
         wait_for(warm, 30, f"b to keep shard {shard} warm and caught up")
-        journal = _journal_batches(bootstrap, f"{prefix}.journal", shard)
+        journal = len({part["batch"] for _, part in
+                       _journal_parts(bootstrap, f"{prefix}.journal", shard)})
         a.proc.send_signal(signal.SIGKILL)
         a.proc.wait()
         _owned_by(cfg, {q0: "b", q1: "b"}, SESSION + 30)
