@@ -63,6 +63,7 @@ class Instance:
         self.standbys: dict[int, Standby] = {}
         self._stop = threading.Event()
         self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
+        self._deferred: set[int] = set()  # of those, shards another instance says it serves
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
         self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
         self._duplicate = False  # another live process has this name: leave no trace
@@ -205,6 +206,7 @@ class Instance:
     # -- shards served ---------------------------------------------------------------------
     def _start_runner(self, shard: int) -> None:
         self._fenced_at.pop(shard, None)
+        self._deferred.discard(shard)
         if shard in self.runners:
             return
         old = self.leaving.get(shard)
@@ -274,12 +276,24 @@ class Instance:
     def _serve_again_if_still_owned(self) -> None:
         """... unless it does not: a frozen owner may keep its membership and, once awake, be
         given its shard back (sticky assignment) while its runner stopped on another's marker.
-        A session timeout later, with no revoke heard, the group's word stands: serve it."""
+        A session timeout later, with no revoke heard, the group's word stands: serve it.
+        Not while another live instance says it serves the shard: then the marker was that
+        owner's, and this instance's revoke is only late (a woken member may hear of it ten
+        seconds on); serving again would fence the rightful owner with a late marker."""
         wait_s = self.config.service.session_timeout.ms / 1000
         for shard, fenced in list(self._fenced_at.items()):
             if shard not in self.owned:
                 del self._fenced_at[shard]
+                self._deferred.discard(shard)
             elif time.monotonic() - fenced > wait_s:
+                other = self.board.serving_other_than(self.name, shard)
+                if other is not None:
+                    if shard not in self._deferred:
+                        self._deferred.add(shard)
+                        log.info("instance %s: the group has not taken shard %d back yet, "
+                                 "but instance %s serves it: waiting for the group",
+                                 self.name, shard, other)
+                    continue
                 del self._fenced_at[shard]
                 log.warning("instance %s: the group still gives it shard %d: serving it again",
                             self.name, shard)

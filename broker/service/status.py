@@ -142,6 +142,12 @@ class StatusBoard:
         return sorted((s for s in self.latest.values() if s.live(now, self.timeout_ms)),
                       key=lambda s: s.instance)
 
+    def serving_other_than(self, name: str, shard: int) -> str | None:
+        """A live instance other than `name` whose latest record says it serves `shard`."""
+        self.refresh()
+        return next((s.instance for s in self.live()
+                     if s.instance != name and shard in s.owned), None)
+
     def standby_shards_of(self, name: str, shards: int) -> set[int]:
         """The shards `name` keeps warm: each shard's standby is the live instance after its
         owner in name order (none while the owner is alone)."""
