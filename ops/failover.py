@@ -44,6 +44,7 @@ from broker.service.status import read_statuses  # noqa: E402
 from broker.service.topics import Topics  # noqa: E402
 from ops.bench_instances import _keep_logs, _rows, _wait  # noqa: E402
 from ops.bench_roles import publish  # noqa: E402
+from ops.ledger import Ledger  # noqa: E402
 
 DRAIN_BEFORE_KILL_S = 5.0
 LOAD_RATE = 200.0  # msgs/s published during the run
@@ -57,9 +58,7 @@ class Subscriber(threading.Thread):
         self.args = bs, prefix, queue
         self.stop = threading.Event()
         self.times: list[float] = []
-        self.acked: set[str] = set()
-        self.counts: dict[str, int] = {}
-        self.problems: list[str] = []
+        self.ledger = Ledger()
 
     def run(self) -> None:
         bs, prefix, queue = self.args
@@ -68,13 +67,7 @@ class Subscriber(threading.Thread):
             while not self.stop.is_set():
                 for msg in sub.messages(timeout=0.5):
                     self.times.append(time.time())
-                    if msg.bookmark in self.acked:
-                        self.problems.append(f"{msg.bookmark} delivered again after its ack")
-                    if msg.delivery_count < self.counts.get(msg.bookmark, 0):
-                        self.problems.append(f"{msg.bookmark}: delivery count went back")
-                    self.counts[msg.bookmark] = msg.delivery_count
-                    msg.ack()
-                    self.acked.add(msg.bookmark)
+                    self.ledger.ack(msg)
 
 
 class Load(threading.Thread):
@@ -174,7 +167,7 @@ def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str) -> dic
         load.stop.set()
         load.join()
         total = queued + load.published
-        _wait(f"all {total} messages acked", lambda: len(sub.acked) >= total, hopeless=gone)
+        _wait(f"all {total} messages acked", lambda: len(sub.ledger.acked) >= total, hopeless=gone)
         sub.stop.set()
         sub.join(10)
     except TimeoutError as exc:
@@ -196,8 +189,8 @@ def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str) -> dic
     return {"standby_replicas": standby, "session_timeout": session, "queued_at_kill": depth,
             "detected_s": (taken or float("nan")) - killed,
             "restore_s": (ready or float("nan")) - (taken or float("nan")),
-            "served_s": served - killed, "published": total, "acked": len(sub.acked),
-            "problems": sub.problems[:10], "problem_count": len(sub.problems)}
+            "served_s": served - killed, "published": total, "acked": len(sub.ledger.acked),
+            "problems": sub.ledger.problems[:10], "problem_count": len(sub.ledger.problems)}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import ops.ledger
 from broker import wire
 from broker.client import QueueClient
 from broker.config import load_config
@@ -77,24 +78,12 @@ def _owned_by(cfg: Path, want: dict[str, str], timeout: float) -> float:
     return time.monotonic() - started
 
 
-class Ledger:
-    """What subscribers saw, message by message (SPEC 10)."""
-
-    def __init__(self) -> None:
-        self.acked: set[str] = set()
-        self.counts: dict[str, int] = {}
-        self.problems: list[str] = []
-
+class Ledger(ops.ledger.Ledger):
     def take(self, sub, limit: int = 200, timeout: float = 0.5) -> int:  # noqa: ANN001
+        """Ack what comes, up to `limit` messages; how many came."""
         got = 0
         for msg in sub.messages(timeout=timeout):
-            if msg.bookmark in self.acked:
-                self.problems.append(f"{msg.bookmark} delivered again after its ack")
-            if msg.delivery_count < self.counts.get(msg.bookmark, 0):
-                self.problems.append(f"{msg.bookmark} delivery count went back")
-            self.counts[msg.bookmark] = msg.delivery_count
-            msg.ack()
-            self.acked.add(msg.bookmark)
+            self.ack(msg)
             got += 1
             if got >= limit:
                 break

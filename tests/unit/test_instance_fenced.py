@@ -1,14 +1,28 @@
 """An instance whose shard runner stopped on another owner's marker serves the shard again if
-the group, a session timeout later, still gives it the shard (no Kafka: the runner is faked)."""
+the group, a session timeout later, still gives it the shard and no other live instance says
+it serves it (no Kafka: the runner and the status board are faked)."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 from broker.config import parse_config
 from broker.errors import FencedError
 from broker.service import instance as instance_module
 from broker.service.instance import Instance, _Runner
+from broker.service.status import InstanceStatus, StatusBoard
+
+
+class Board:
+    """The status board, as far as serving a fenced shard again asks it."""
+
+    def __init__(self) -> None:
+        self.serving: dict[int, str] = {}  # shard -> the other live instance that says so
+
+    def serving_other_than(self, name: str, shard: int) -> str | None:
+        return self.serving.get(shard)
 
 
 class Clock:
@@ -22,6 +36,7 @@ def _instance(monkeypatch) -> tuple[Instance, list[int], Clock]:
     clock = Clock()
     monkeypatch.setattr(instance_module.time, "monotonic", clock)
     inst = Instance(parse_config({"service": {"shards": 2, "session_timeout": "3s"}}), "-")
+    inst.board = Board()  # type: ignore[assignment]
     started: list[int] = []
     monkeypatch.setattr(inst, "_start_runner", lambda shard: started.append(shard))
     return inst, started, clock
@@ -60,3 +75,54 @@ def test_a_fenced_shard_the_group_took_away_is_left_alone(monkeypatch):
     clock.now += 10
     inst._serve_again_if_still_owned()
     assert started == []
+
+
+def test_a_fenced_shard_another_instance_serves_waits_for_the_group(monkeypatch, caplog):
+    """A woken owner hears of its revoke seconds late: while the new owner says it serves
+    the shard, serving it again would only fence the rightful owner with a late marker."""
+    caplog.set_level(logging.INFO, logger="kq.instance")
+    inst, started, clock = _instance(monkeypatch)
+    inst.owned = {1}
+    inst.board.serving[1] = "b"  # type: ignore[attr-defined]
+    _fenced_runner(inst, 1)
+    inst._check_runners()
+    for _ in range(3):
+        clock.now += 5
+        inst._serve_again_if_still_owned()
+    assert started == []
+    assert caplog.text.count("instance b serves it: waiting for the group") == 1
+    inst.owned.discard(1)  # the revoke comes at last
+    inst._serve_again_if_still_owned()
+    assert started == [] and not inst._fenced_at
+
+
+def test_a_fenced_shard_is_served_again_once_a_late_markers_writer_lets_it_go(monkeypatch):
+    """The marker came late from an instance evicted during its restore: it says it serves
+    the shard only until it hears of its eviction; then the rightful owner serves it again."""
+    inst, started, clock = _instance(monkeypatch)
+    inst.owned = {1}
+    inst.board.serving[1] = "c"  # type: ignore[attr-defined]
+    _fenced_runner(inst, 1)
+    inst._check_runners()
+    clock.now += 5
+    inst._serve_again_if_still_owned()
+    assert started == []
+    del inst.board.serving[1]  # type: ignore[attr-defined]  # c's next record owns nothing
+    inst._serve_again_if_still_owned()
+    assert started == [1]
+
+
+def test_the_board_names_a_live_other_instance_serving_a_shard_and_no_stale_one():
+    now = int(time.time() * 1000)
+    board = StatusBoard.__new__(StatusBoard)  # its records, without Kafka
+    board.timeout_ms, board.refresh = 6_000, lambda: None  # type: ignore[method-assign]
+    board.latest = {
+        "a": InstanceStatus("a", [0], [], at_ms=now),
+        "b": InstanceStatus("b", [1], [], at_ms=now - 1_000),
+        "c": InstanceStatus("c", [2], [], at_ms=now - 60_000),  # killed a minute ago
+        "d": InstanceStatus("d", [3], [], at_ms=now, stopped=True),
+    }
+    assert board.serving_other_than("a", 1) == "b"
+    assert board.serving_other_than("a", 0) is None  # itself
+    assert board.serving_other_than("a", 2) is None
+    assert board.serving_other_than("a", 3) is None

@@ -1,13 +1,10 @@
 """A shard's service told to stop while its batch is stuck (Kafka slow to take it) keeps the
 shard's RocksDB open: given the shard back meanwhile, the instance starts a new service for
 it only once the old one has ended, never two at once on one directory. And the process's
-own stop: every shard at once, within a deadline. And a shard whose service stopped on
-another owner's marker is served again only when the group still gives it and no other live
-instance says it serves it."""
+own stop: every shard at once, within a deadline."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -17,7 +14,6 @@ import pytest
 from broker.config import parse_config
 from broker.service import instance as instance_module
 from broker.service.instance import Instance
-from broker.service.status import InstanceStatus, StatusBoard
 
 
 class StuckService:
@@ -164,75 +160,3 @@ def test_a_stop_of_the_process_cuts_short_a_revoke_waiting_on_a_stuck_shard(
     assert time.monotonic() - started < 1.5 and inst.unfinished == [0]
     StuckService.made[0].unstick.set()
 
-
-class Board:
-    """The status board, as far as serving a fenced shard again asks it."""
-
-    def __init__(self) -> None:
-        self.serving: dict[int, str] = {}  # shard -> the other live instance that says so
-
-    def serving_other_than(self, name: str, shard: int) -> str | None:
-        return self.serving.get(shard)
-
-
-def fenced_long_ago(inst: Instance, shard: int) -> None:
-    """The shard's runner stopped on another's marker more than a session timeout ago, and
-    the group has not taken the shard away (as this process last heard)."""
-    inst.owned.add(shard)
-    inst._fenced_at[shard] = time.monotonic() - 60
-
-
-def test_a_fenced_shard_the_group_still_gives_is_served_again_when_nobody_else_serves_it(inst):
-    inst.board = Board()  # type: ignore[assignment]
-    fenced_long_ago(inst, 0)
-    inst._serve_again_if_still_owned()
-    assert 0 in inst.runners and len(StuckService.made) == 1
-    StuckService.made[0].unstick.set()
-    inst._stop_runner(0)
-
-
-def test_a_fenced_shard_another_instance_serves_waits_for_the_group(inst, caplog):
-    """A woken owner hears of its eviction seconds late: while the new owner says it serves
-    the shard, serving it again would only fence the rightful owner with a late marker."""
-    caplog.set_level(logging.INFO, logger="kq.instance")
-    board = inst.board = Board()  # type: ignore[assignment]
-    board.serving[0] = "b"
-    fenced_long_ago(inst, 0)
-    for _ in range(3):
-        inst._serve_again_if_still_owned()
-    assert not inst.runners and not StuckService.made
-    assert caplog.text.count("instance b serves it: waiting for the group") == 1
-    inst.owned.discard(0)  # the revoke comes at last
-    inst._serve_again_if_still_owned()
-    assert not inst._fenced_at and not inst.runners
-
-
-def test_a_fenced_shard_is_served_again_once_a_late_markers_writer_lets_it_go(inst):
-    """The marker came late from an instance evicted during its restore: it claims the shard
-    only until it hears of its eviction; then the rightful owner serves the shard again."""
-    board = inst.board = Board()  # type: ignore[assignment]
-    board.serving[0] = "c"
-    fenced_long_ago(inst, 0)
-    inst._serve_again_if_still_owned()
-    assert not inst.runners
-    del board.serving[0]  # c's next status record owns nothing
-    inst._serve_again_if_still_owned()
-    assert 0 in inst.runners
-    StuckService.made[0].unstick.set()
-    inst._stop_runner(0)
-
-
-def test_the_board_names_a_live_other_instance_serving_a_shard_and_no_stale_one():
-    now = int(time.time() * 1000)
-    board = StatusBoard.__new__(StatusBoard)  # its records, without Kafka
-    board.timeout_ms, board.refresh = 6_000, lambda: None  # type: ignore[method-assign]
-    board.latest = {
-        "a": InstanceStatus("a", [0], [], at_ms=now),
-        "b": InstanceStatus("b", [1], [], at_ms=now - 1_000),
-        "c": InstanceStatus("c", [2], [], at_ms=now - 60_000),  # killed a minute ago
-        "d": InstanceStatus("d", [3], [], at_ms=now, stopped=True),
-    }
-    assert board.serving_other_than("a", 1) == "b"
-    assert board.serving_other_than("a", 0) is None  # itself
-    assert board.serving_other_than("a", 2) is None
-    assert board.serving_other_than("a", 3) is None
