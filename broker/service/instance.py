@@ -64,6 +64,11 @@ class Instance:
         self._stop = threading.Event()
         self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
         self._deferred: set[int] = set()  # of those, shards another instance says it serves
+        session_ms = config.service.session_timeout.ms
+        self._frozen_s = session_ms / 2000  # the group loop quiet this long: it was frozen
+        self._settle_s = 2 * clients.group_heartbeat_ms(session_ms) / 1000
+        self._last_turn = time.monotonic()
+        self._woke_at = float("-inf")
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
         self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
         self._duplicate = False  # another live process has this name: leave no trace
@@ -101,8 +106,10 @@ class Instance:
         log.info("instance %s joining group %s.service (%d shard(s))", self.name,
                  self.topics.prefix, svc.shards)
         last_status = 0.0
+        self._last_turn = time.monotonic()  # the start-up's own waits are no freeze
         try:
             while not self._stop.is_set():
+                self._turned()
                 self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
                 self._check_runners()
                 self._serve_again_if_still_owned()
@@ -184,7 +191,28 @@ class Instance:
             "needs a name of its own ([service] instance, or KQ_INSTANCE). This one stops.")
 
     # -- the group's decisions -------------------------------------------------------------
+    def _turned(self) -> None:
+        """Called on every turn of the group loop (every 0.1 s) and as an assignment comes: a
+        longer gap means this process was frozen, and what the group said just before, or
+        says just after, may be stale."""
+        now = time.monotonic()
+        if now - self._last_turn > self._frozen_s:
+            self._woke_at = now
+        self._last_turn = now
+
+    def _owns(self, shard: int) -> bool:
+        """Whether the group gives this instance `shard`. Just after a freeze it first waits
+        two heartbeat intervals: a woken member hears of its eviction at its first heartbeat,
+        and an assignment it took in before the freeze (soak seed 25: a shard given to it,
+        then to another while it was frozen) must not have it write a takeover marker that
+        would fence the rightful owner."""
+        wait = self._woke_at + self._settle_s - time.monotonic()
+        if wait > 0:
+            self._stop.wait(wait)
+        return shard in self.owned
+
     def _assigned(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._turned()
         consumer.incremental_assign(partitions)
         consumer.pause(partitions)  # nothing is read here: each shard reads its own
         for tp in partitions:
@@ -216,7 +244,7 @@ class Instance:
         if standby is not None:
             standby.stop()  # its copy is where the service starts from
         service = Service(self.config, self.bootstrap, shard=shard, metrics=self.metrics,
-                          still_owner=lambda: shard in self.owned)
+                          still_owner=lambda: self._owns(shard))
         runner = _Runner(service, threading.Thread(daemon=True, name=f"kq-shard-{shard}",
                                                    target=lambda: self._serve(runner)))
         self.runners[shard] = runner

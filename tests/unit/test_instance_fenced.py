@@ -126,3 +126,43 @@ def test_the_board_names_a_live_other_instance_serving_a_shard_and_no_stale_one(
     assert board.serving_other_than("a", 0) is None  # itself
     assert board.serving_other_than("a", 2) is None
     assert board.serving_other_than("a", 3) is None
+
+
+def _frozen_then_woken(session: str) -> Instance:
+    """An instance whose group loop did not turn for 5 s, turning again now (an assignment
+    it took in before the freeze is handled now)."""
+    inst = Instance(parse_config({"service": {"session_timeout": session}}), "-")
+    inst._last_turn = time.monotonic() - 5
+    inst._turned()
+    return inst
+
+
+def test_just_after_a_freeze_ownership_is_answered_once_the_group_could_say_otherwise():
+    """Soak seed 25: a shard given to a process just before it froze, and to another while
+    it was frozen. Woken, it must not write a takeover marker before its first heartbeat
+    could tell it that (the marker would fence the rightful owner)."""
+    inst = _frozen_then_woken("1s")  # heartbeats every 0.2 s: it waits 0.4 s
+    inst.owned.add(0)
+    evicted = threading.Timer(0.1, inst.owned.discard, args=(0,))  # heard at a heartbeat
+    evicted.start()
+    started = time.monotonic()
+    assert inst._owns(0) is False
+    assert time.monotonic() - started >= 0.35
+    evicted.join()
+
+
+def test_ownership_is_answered_at_once_when_the_group_loop_turned_on_time():
+    inst = Instance(parse_config({"service": {"session_timeout": "1s"}}), "-")
+    inst._turned()
+    inst.owned.add(0)
+    started = time.monotonic()
+    assert inst._owns(0) and not inst._owns(1)
+    assert time.monotonic() - started < 0.1
+
+
+def test_a_process_stopping_does_not_wait_out_the_settle():
+    inst = _frozen_then_woken("10s")  # it would wait 2 s
+    inst.stop()
+    started = time.monotonic()
+    inst._owns(0)
+    assert time.monotonic() - started < 0.5
