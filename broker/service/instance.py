@@ -206,7 +206,10 @@ class Instance:
         and an assignment it took in before the freeze (soak seed 25: a shard given to it,
         then to another while it was frozen) must not have it write a takeover marker that
         would fence the rightful owner."""
-        wait = self._woke_at + self._settle_s - time.monotonic()
+        now = time.monotonic()
+        if now - self._last_turn > self._frozen_s:
+            self._woke_at = now  # woken, and the group loop has not turned since: it is next
+        wait = self._woke_at + self._settle_s - now
         if wait > 0:
             self._stop.wait(wait)
         return shard in self.owned
@@ -268,6 +271,7 @@ class Instance:
         while (runner.thread.is_alive() and time.monotonic() < give_up
                and not self._stop.is_set()):
             runner.thread.join(0.1)
+            self._turned()  # a long wait here is no freeze (the other shards' commits go on)
         self.metrics.forget_queues(runner.service.engine.queues)
         if runner.thread.is_alive() and self._stop.is_set():
             self.leaving[shard] = runner

@@ -151,6 +151,17 @@ def test_just_after_a_freeze_ownership_is_answered_once_the_group_could_say_othe
     evicted.join()
 
 
+def test_a_shard_thread_woken_before_the_group_loop_waits_too():
+    """Threads resume in any order: a shard thread may ask before the group loop has turned
+    and noticed the freeze; the loop's last turn, long ago, tells it."""
+    inst = Instance(parse_config({"service": {"session_timeout": "1s"}}), "-")
+    inst._last_turn = time.monotonic() - 5  # frozen; the group loop not run since
+    inst.owned.add(0)
+    started = time.monotonic()
+    assert inst._owns(0)
+    assert time.monotonic() - started >= 0.35
+
+
 def test_ownership_is_answered_at_once_when_the_group_loop_turned_on_time():
     inst = Instance(parse_config({"service": {"session_timeout": "1s"}}), "-")
     inst._turned()
