@@ -37,7 +37,7 @@ def _config(tmp: Path, bs: str, prefix: str, queues: list[str]) -> Path:
     return cfg
 
 
-def _rows(bs: str, prefix: str) -> list[dict]:
+def queue_rows(bs: str, prefix: str) -> list[dict]:
     from broker.client import QueueClient
     from broker.errors import KqError
 
@@ -48,7 +48,7 @@ def _rows(bs: str, prefix: str) -> list[dict]:
         return []
 
 
-def _wait(what: str, ok, timeout: float = 600, hopeless=lambda: None) -> None:  # noqa: ANN001
+def wait_until(what: str, ok, timeout: float = 600, hopeless=lambda: None) -> None:  # noqa: ANN001
     """Until ok(); give up after `timeout`, or at once when hopeless() says why."""
     deadline = time.monotonic() + timeout
     while not ok():
@@ -63,7 +63,7 @@ def _wait(what: str, ok, timeout: float = 600, hopeless=lambda: None) -> None:  
         time.sleep(0.2)
 
 
-def _keep_logs(tmp: Path, prefix: str) -> Path:
+def keep_logs(tmp: Path, prefix: str) -> Path:
     """The instances' logs of a failed run, out of the temporary directory."""
     kept = Path(tempfile.mkdtemp(prefix="kq-bench-logs-"))
     for log in tmp.glob(f"{prefix}*.log"):
@@ -78,7 +78,7 @@ def _spread(rows: list[dict], instances: int, n: int) -> bool:
 
 
 def _total(bs: str, prefix: str, key: str) -> int:
-    return sum(r[key] for r in _rows(bs, prefix))
+    return sum(r[key] for r in queue_rows(bs, prefix))
 
 
 def _publish_all(bs: str, queues: list[str], n: int, rate: float = 0) -> None:
@@ -114,8 +114,8 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
                      for i, p in enumerate(procs) if p.poll() is not None), None)
 
     try:
-        _wait("every shard to have an instance of its own", lambda: _spread(
-            _rows(bs, prefix), instances, n), hopeless=instance_gone)
+        wait_until("every shard to have an instance of its own", lambda: _spread(
+            queue_rows(bs, prefix), instances, n), hopeless=instance_gone)
         outs = [tmp / f"{prefix}-{i}.json" for i in range(max(subs, instances))]
         cpu_before = sum(cpu_seconds(p.pid) for p in procs)
         machine_before = machine_cpu_seconds()
@@ -134,7 +134,7 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
                 return instance_gone()
             return f"every subscriber stopped (3 s without a message) at {acked} acked,"
 
-        _wait(f"{n} acks", all_acked, hopeless=subscribers_gone)
+        wait_until(f"{n} acks", all_acked, hopeless=subscribers_gone)
         drain_s = time.monotonic() - start
         cpu_s = sum(cpu_seconds(p.pid) for p in procs) - cpu_before
         machine_s = machine_cpu_seconds() - machine_before
@@ -149,7 +149,7 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
             w.wait()
         lat = collect(outs2)
     except TimeoutError as exc:
-        raise SystemExit(f"{exc}; the logs are kept in {_keep_logs(tmp, prefix)}") from None
+        raise SystemExit(f"{exc}; the logs are kept in {keep_logs(tmp, prefix)}") from None
     finally:
         for p in procs:
             p.terminate()

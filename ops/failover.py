@@ -42,7 +42,7 @@ from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import given_or_embedded  # noqa: E402
 from broker.service.status import read_statuses  # noqa: E402
 from broker.service.topics import Topics  # noqa: E402
-from ops.bench_instances import _keep_logs, _rows, _wait  # noqa: E402
+from ops.bench_instances import keep_logs, queue_rows, wait_until  # noqa: E402
 from ops.bench_roles import publish  # noqa: E402
 from ops.ledger import Ledger  # noqa: E402
 
@@ -148,30 +148,31 @@ def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str) -> dic
 
     sub, load = Subscriber(bs, prefix, queue), Load(bs, queue)
     try:
-        _wait("a to own the queue with every message", lambda: any(
-            r["owner"] == "a" and r["enqueued"] >= queued for r in _rows(bs, prefix)),
+        wait_until("a to own the queue with every message", lambda: any(
+            r["owner"] == "a" and r["enqueued"] >= queued for r in queue_rows(bs, prefix)),
             hopeless=lambda: "instance a exited;" if procs["a"].poll() is not None else None)
         procs["b"] = _serve(cfg, tmp, "b")
-        _wait("b to run beside a (and keep the shard warm)", lambda: _warm(bs, prefix, standby),
-              hopeless=gone)
+        wait_until("b to run beside a (and keep the shard warm)",
+                   lambda: _warm(bs, prefix, standby), hopeless=gone)
         sub.start()
         load.start()
-        _wait("the first delivery", lambda: sub.times, timeout=60)
+        wait_until("the first delivery", lambda: sub.times, timeout=60)
         time.sleep(DRAIN_BEFORE_KILL_S)
-        depth = sum(r["depth"] for r in _rows(bs, prefix))
+        depth = sum(r["depth"] for r in queue_rows(bs, prefix))
         killed = time.time()
         procs["a"].send_signal(signal.SIGKILL)
         procs["a"].wait()
-        _wait("b to serve the queue", lambda: any(t > killed + 1 for t in sub.times),
+        wait_until("b to serve the queue", lambda: any(t > killed + 1 for t in sub.times),
               hopeless=gone)
         load.stop.set()
         load.join()
         total = queued + load.published
-        _wait(f"all {total} messages acked", lambda: len(sub.ledger.acked) >= total, hopeless=gone)
+        wait_until(f"all {total} messages acked", lambda: len(sub.ledger.acked) >= total,
+                   hopeless=gone)
         sub.stop.set()
         sub.join(10)
     except TimeoutError as exc:
-        raise SystemExit(f"{exc}; the logs are kept in {_keep_logs(tmp, prefix)}") from None
+        raise SystemExit(f"{exc}; the logs are kept in {keep_logs(tmp, prefix)}") from None
     finally:
         sub.stop.set()
         load.stop.set()
