@@ -176,7 +176,7 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
         clients.check_reachable(bootstrap, dict(cfg.service.kafka))
         consumer = clients.consumer(bootstrap, dict(cfg.service.kafka))
         try:
-            found = read_statuses(consumer, Topics(cfg.service.topic_prefix).instances)
+            found = read_statuses(consumer, Topics(cfg.service.topic_prefix).instances, bootstrap)
         finally:
             consumer.close()
     now = int(time.time() * 1000)

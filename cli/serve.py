@@ -13,9 +13,11 @@ from typing import Annotated
 import typer
 
 from broker.errors import StateError
+from broker.kafka.apache import SUPER_USER, ApacheKafka, ApacheKafkaError
 from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError
 from cli.common import (
     EXIT_FAILURE,
+    EXIT_USAGE,
     BootstrapOpt,
     ConfigOpt,
     console,
@@ -34,6 +36,13 @@ def _forget_stale_state(data_dir: Path) -> None:
     if any((d / "CURRENT").is_file() for d in [data_dir, *data_dir.glob("shard-*")]):
         shutil.rmtree(data_dir)
         console.print(f"kq: cleared {data_dir}: it held the state of an earlier embedded broker")
+
+
+def _login(text: str) -> tuple[str, str]:
+    name, sep, password = text.partition(":")
+    if not sep or not name or not password:
+        fail(f"--user {text!r}: expected NAME:PASSWORD", EXIT_USAGE)
+    return name, password
 
 
 def _on_signals(stop: threading.Event | None = None, action=None) -> None:  # noqa: ANN001
@@ -115,21 +124,48 @@ def serve(
 
 
 def broker(
-    port: Annotated[int, typer.Option(help="Port to listen on (127.0.0.1).")] = 9092,
+    port: Annotated[int, typer.Option(help="Port for Kafka clients (127.0.0.1).")] = 9092,
+    apache: Annotated[bool, typer.Option(
+        "--apache", help="Run a single-node Apache Kafka (KRaft) instead of the embedded "
+        "broker: needs Java 17 and Maven; its jars are fetched once into KQ_KAFKA_HOME.")] = False,
+    sasl: Annotated[bool, typer.Option(
+        "--sasl", help="With --apache: add a SASL/PLAIN listener whose requests are checked "
+        "against ACLs (user admin, a super user, password admin-secret; more with --user).")]
+        = False,
+    user: Annotated[list[str] | None, typer.Option(
+        "--user", help="With --sasl: a SASL/PLAIN login NAME:PASSWORD (repeatable).")] = None,
 ) -> None:
-    """Run only the embedded Kafka-compatible broker until Ctrl-C or SIGTERM."""
+    """Run only a broker until Ctrl-C or SIGTERM: the embedded Kafka-compatible one, or with
+    --apache a single-node Apache Kafka whose data lives in a temporary directory."""
+    if (sasl or user) and not apache:
+        fail("--sasl and --user need --apache: the embedded broker has no SASL", EXIT_USAGE)
     stop = threading.Event()
     _on_signals(stop)
+    running: EmbeddedBroker | ApacheKafka
     try:
-        embedded = EmbeddedBroker(port=port).start()
-    except EmbeddedBrokerError as exc:
-        fail(f"cannot start the embedded broker: {exc}")
-    console.print(f"kq: {EMBEDDED_NOTE} listening at [bold]{embedded.bootstrap_servers}[/]; "
-                  "Ctrl-C stops it")
+        if apache:
+            users = dict(_login(u) for u in user or []) if sasl or user else None
+            running = ApacheKafka(port=port, sasl_users=users).start(
+                say=lambda line: console.print(f"kq: {line}"))
+        else:
+            running = EmbeddedBroker(port=port).start()
+    except (EmbeddedBrokerError, ApacheKafkaError) as exc:
+        fail(f"cannot start the broker: {exc}")
+    if isinstance(running, ApacheKafka):
+        console.print(f"kq: Apache Kafka {running.version} listening at "
+                      f"[bold]{running.bootstrap_servers}[/] (started in "
+                      f"{running.started_in_s:.1f} s; data in {running.data_dir}, deleted when "
+                      "it stops); Ctrl-C stops it")
+        if running.sasl_port is not None:
+            console.print(f"kq: SASL/PLAIN with ACLs at [bold]{running.sasl_bootstrap_servers}[/]"
+                          f" (super user {SUPER_USER})")
+    else:
+        console.print(f"kq: {EMBEDDED_NOTE} listening at [bold]{running.bootstrap_servers}[/]; "
+                      "Ctrl-C stops it")
     try:
         while not stop.wait(0.5):
-            if embedded._proc is not None and embedded._proc.poll() is not None:
-                fail("the embedded broker exited unexpectedly")
+            if running.exit_code() is not None:
+                fail("the broker exited unexpectedly")
     finally:
-        embedded.stop()
+        running.stop()
     console.print("kq: broker stopped")

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from broker.errors import ConfigError, KafkaUnavailableError
@@ -121,7 +129,9 @@ def consumer(bootstrap: str, extra: Settings | None = None, **overrides: Any) ->
 def admin(bootstrap: str, extra: Settings | None = None) -> AdminClient:
     # Asking about a topic must not create it (librdkafka's admin handle would, by default).
     cfg = base_config(bootstrap, extra, {"allow.auto.create.topics": False})
-    return _build(AdminClient, cfg)  # type: ignore[no-any-return]
+    made = _build(AdminClient, cfg)
+    made.kq_bootstrap = bootstrap  # named by the errors of wait_for_leaders
+    return made  # type: ignore[no-any-return]
 
 
 class _LastFailure(logging.Handler):
@@ -161,6 +171,65 @@ def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: floa
         watcher.removeHandler(failures)
 
 
+# Answers that mean "not yet", not "no": Apache Kafka gives a topic just created a leader a
+# moment after CreateTopics returns, and moves leaders; librdkafka does not flag them all as
+# retriable. A caller that meets one asks again, within RETRY_FOR_S.
+_NOT_YET = {
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION,
+    KafkaError._UNKNOWN_TOPIC, KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN, KafkaError.NETWORK_EXCEPTION,
+    KafkaError.KAFKA_STORAGE_ERROR, KafkaError.FENCED_LEADER_EPOCH,
+    KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE,
+}
+RETRY_FOR_S = 30.0
+
+T = TypeVar("T")
+
+
+def not_yet(exc: BaseException) -> bool:
+    """A Kafka error that asking again may mend (no leader yet, a moved leader, a timeout)."""
+    if not isinstance(exc, KafkaException) or not exc.args:
+        return False
+    err = exc.args[0]
+    if not isinstance(err, KafkaError):
+        return False
+    return err.code() in _NOT_YET or (err.retriable() and not err.fatal())
+
+
+def retrying(call: Callable[[], T], what: str, bootstrap: str,
+             within_s: float = RETRY_FOR_S) -> T:
+    """`call()`, asked again while Kafka answers "not yet"; past `within_s`, a
+    KafkaUnavailableError that names the broker and `what` was being done (exit 3)."""
+    deadline = time.monotonic() + within_s
+    pause = 0.05
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            if not not_yet(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise KafkaUnavailableError(
+                    bootstrap, f"{what}: still {exc.args[0].str()} after {within_s:.0f} s"
+                ) from None
+            log.debug("%s: %s; asking again", what, exc.args[0].str())
+            time.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+
+def watermarks(c: Consumer, topic: str, partition: int, bootstrap: str = "Kafka",
+               timeout: float = 10.0) -> tuple[int, int]:
+    """(low, high) offsets of one partition as the broker reports them, asked again while
+    the partition has no leader yet."""
+    tp = TopicPartition(topic, partition)
+    low, high = retrying(lambda: c.get_watermark_offsets(tp, timeout=timeout),
+                         f"reading the offsets of {topic}/{partition}", bootstrap)
+    return int(low), int(high)
+
+
 def topic_metadata(client: AdminClient, timeout: float = 10.0) -> dict[str, int | None]:
     """Every topic (internal ones excluded) and its number of partitions; None for a topic
     that exists but reports an error just now (e.g. while it has no leader)."""
@@ -173,8 +242,14 @@ def end_offsets(client: AdminClient, topic: str, partitions: int,
                 timeout: float = 10.0) -> list[int]:
     """The offset after the last record of each partition of `topic`."""
     asked = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
-    answers = client.list_offsets(asked, request_timeout=timeout)
-    return [answers[TopicPartition(topic, p)].result(timeout).offset for p in range(partitions)]
+
+    def ask() -> list[int]:
+        answers = client.list_offsets(asked, request_timeout=timeout)
+        return [answers[TopicPartition(topic, p)].result(timeout).offset
+                for p in range(partitions)]
+
+    return retrying(ask, f"reading the end offsets of {topic}",
+                    getattr(client, "kq_bootstrap", "Kafka"))
 
 
 def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, int]:
@@ -183,19 +258,49 @@ def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, in
 
 
 def ensure_topics(client: AdminClient, names: Iterable[str], partitions: int = 1,
-                  config: dict[str, str] | None = None) -> None:
-    """Create the topics that do not exist yet; existing ones are left alone."""
+                  config: dict[str, str] | None = None, within_s: float = RETRY_FOR_S) -> None:
+    """Create the topics that do not exist yet (existing ones are left alone), and return
+    once every partition of each has a leader: until then Apache Kafka answers reads and
+    writes of a topic just created with "not leader" or "unknown partition"."""
+    names = list(names)
     existing = set(topic_partitions(client))
     wanted = [NewTopic(n, partitions, 1, config=config or {}) for n in names
               if n not in existing]
-    if not wanted:
-        return
-    for future in client.create_topics(wanted, operation_timeout=10).values():
+    for future in (client.create_topics(wanted, operation_timeout=10).values()
+                   if wanted else ()):
         try:
             future.result()
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    if wanted:
+        wait_for_leaders(client, [n.topic for n in wanted], within_s)
+
+
+def _leaderless(client: AdminClient, topic: str) -> str | None:
+    """Why `topic` cannot be used yet, or None once every partition has a leader."""
+    md = client.list_topics(topic=topic, timeout=10).topics.get(topic)
+    if md is None or md.error is not None:
+        return str(md.error.str() if md is not None and md.error else "not in the metadata")
+    if not md.partitions:
+        return "no partitions in the metadata"
+    waiting = sorted(p for p, pm in md.partitions.items() if pm.leader < 0 or pm.error)
+    return f"partition(s) {waiting} without a leader" if waiting else None
+
+
+def wait_for_leaders(client: AdminClient, topics: list[str],
+                     within_s: float = RETRY_FOR_S) -> None:
+    """Return once every partition of `topics` has a leader; past `within_s`, a
+    KafkaUnavailableError that names the topic (exit 3)."""
+    deadline = time.monotonic() + within_s
+    for topic in topics:
+        while (why := _leaderless(client, topic)) is not None:
+            if time.monotonic() > deadline:
+                servers = getattr(client, "kq_bootstrap", "Kafka")
+                raise KafkaUnavailableError(
+                    servers, f"topic {topic} was created but has no leader after "
+                             f"{within_s:.0f} s ({why})")
+            time.sleep(0.05)
 
 
 def end_offset(c: Consumer, topic: str, partition: int, timeout: float = 10.0) -> int:
@@ -204,8 +309,7 @@ def end_offset(c: Consumer, topic: str, partition: int, timeout: float = 10.0) -
     The embedded broker may under-report it after a multi-record write, so callers may only
     use it as a place to start reading from, never as proof that nothing follows.
     """
-    _, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
-    return int(high)
+    return watermarks(c, topic, partition, timeout=timeout)[1]
 
 
 def take(c: Consumer, max_records: int, timeout: float) -> list[Any]:

@@ -7,12 +7,16 @@ killed `kq serve` does not leave a broker holding its port. (PR_SET_PDEATHSIG wo
 kernel's way, but it is not available everywhere kq runs.) SIGTERM and SIGINT are passed on
 to CMD, and the guard exits with CMD's status once it has stopped.
 
+`--remove DIR` before CMD deletes DIR once CMD has stopped: Apache Kafka's data directory,
+which nobody else would clean up after a SIGKILL of the starting process.
+
 Standard library only: it starts in a few tens of milliseconds.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +27,12 @@ STOP_TIMEOUT_S = 10.0
 
 
 def main(argv: list[str]) -> int:
+    remove: str | None = None
+    if argv[:1] == ["--remove"] and len(argv) > 1:
+        remove, argv = argv[1], argv[2:]
     if not argv:
-        print("usage: python -m broker.kafka.guard CMD [ARGS...]", file=sys.stderr)
+        print("usage: python -m broker.kafka.guard [--remove DIR] CMD [ARGS...]",
+              file=sys.stderr)
         return 2
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
@@ -36,6 +44,8 @@ def main(argv: list[str]) -> int:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+        if remove:
+            shutil.rmtree(remove, ignore_errors=True)
         os._exit(child.returncode if child.returncode >= 0 else 128 - child.returncode)
 
     def follow() -> None:  # CMD ended by itself: so do we, with its status

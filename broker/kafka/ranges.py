@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from broker.errors import KqError
-from broker.kafka.clients import take
+from broker.kafka.clients import take, watermarks
 
 IDLE_S = 0.3  # a partition read this long without a record has ended (for now)
 STALL_S = 30.0  # records that should be there but do not come: an error
@@ -29,7 +29,7 @@ def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str,
     found: dict[tuple[str, int], tuple[int, int]] = {}
     start: list[TopicPartition] = []
     for topic, p in partitions:
-        low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        low, high = watermarks(c, topic, p)
         found[(topic, p)] = (int(low), int(max(low, high)))
         start.append(TopicPartition(topic, p, int(max(low, high - 1))))
     waiting = {(tp.topic, tp.partition) for tp in start if found[(tp.topic, tp.partition)][1]

@@ -30,6 +30,7 @@ from confluent_kafka import TopicPartition
 from broker.config import Config
 from broker.errors import ConfigError, FencedError
 from broker.kafka import clients
+from broker.service import joining
 from broker.service.metrics import Metrics
 from broker.service.service import Service
 from broker.service.standby import Standby
@@ -110,7 +111,8 @@ class Instance:
         try:
             while not self._stop.is_set():
                 self._turned()
-                self._group.poll(0.1)  # heartbeats; assignments run the callbacks below
+                # heartbeats; assignments run the callbacks below
+                self._check_group_answer(self._group.poll(0.1), admin)
                 self._check_runners()
                 self._serve_again_if_still_owned()
                 topics.latest()  # raises if kq's topics are gone (Kafka lost its data)
@@ -121,6 +123,17 @@ class Instance:
                     last_status = time.monotonic()
         finally:
             self._stop_all(time.monotonic() + STOP_WITHIN_S)
+
+    def _check_group_answer(self, record: Any, admin: Any) -> None:
+        """The group loop reads no records of its own (its assignment is all it wants), but
+        a refusal from the group coordinator comes as an error in their place: one that
+        asking again cannot mend ends the start, naming the setting (exit 2)."""
+        if record is None or record.error() is None:
+            return
+        why = joining.refusal(record.error(), self.config, admin)
+        if why is not None:
+            raise ConfigError(why)
+        log.debug("instance %s: the group says %s", self.name, record.error().str())
 
     def _stop_all(self, deadline: float) -> None:
         """A clean stop, within `deadline` even with Kafka away (an orchestrator kills a

@@ -58,9 +58,10 @@ def decode(value: bytes | None) -> InstanceStatus | None:
         return None
 
 
-def read_statuses(consumer: Any, topic: str) -> dict[str, InstanceStatus]:
+def read_statuses(consumer: Any, topic: str, bootstrap: str = "Kafka"
+                  ) -> dict[str, InstanceStatus]:
     """The latest status of every instance that wrote one lately (a consumer of its own)."""
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    _, high = clients.watermarks(consumer, topic, 0, bootstrap)
     latest: dict[str, InstanceStatus] = {}
     if high <= 0:
         return latest
@@ -111,8 +112,8 @@ class StatusBoard:
         self.namesakes = Namesakes(me, self.timeout_ms) if me is not None else None
         self._producer = clients.producer(bootstrap, extra, **{"allow.auto.create.topics": False})
         self._consumer = clients.consumer(bootstrap, extra)
-        self.latest = read_statuses(self._consumer, topic)
-        _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        self.latest = read_statuses(self._consumer, topic, bootstrap)
+        _, high = clients.watermarks(self._consumer, topic, 0, bootstrap)
         self._consumer.assign([TopicPartition(topic, 0, max(0, high))])
 
     def publish(self, status: InstanceStatus) -> None:

@@ -101,6 +101,8 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
                 f"[service] shards = {shards}, but the command topic {topic} has fewer "
                 f"partitions and this Kafka cannot add some ({exc.args[0].str()}): delete "
                 "the topic, or start afresh with another topic_prefix") from None
+    if grow:
+        clients.wait_for_leaders(admin, [g.topic for g in grow])
 
 
 class TopicWatch:

@@ -1,0 +1,73 @@
+"""Why the group coordinator refused this instance, when asking again cannot mend it.
+
+librdkafka retries a refused JoinGroup for ever and reports the refusal only as an error
+event; an instance that did not look would wait at "joining group" with no word of why.
+These answers end the start with a ConfigError (exit 2) that names the setting to change.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import KafkaError
+from confluent_kafka.admin import ConfigResource, ResourceType
+
+from broker.config import Config
+from broker.values import Duration
+
+log = logging.getLogger("kq.instance")
+
+_SESSION_BOUNDS = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
+
+
+def _broker_setting(admin: Any, names: tuple[str, ...]) -> dict[str, str]:
+    """The broker's values of `names`, or {} when it does not tell (e.g. no Describe ACL)."""
+    try:
+        broker_id = next(iter(admin.list_topics(timeout=5).brokers))
+        resource = ConfigResource(ResourceType.BROKER, str(broker_id))
+        entries = admin.describe_configs([resource])[resource].result(5)
+        return {n: entries[n].value for n in names if n in entries}
+    except Exception as exc:  # noqa: BLE001 - only a better message is lost
+        log.debug("could not read the broker's settings %s: %s", names, exc)
+        return {}
+
+
+def _ms(value: str | None, default: str) -> str:
+    return str(Duration(int(value))) if value is not None and value.isdigit() else default
+
+
+def refusal(err: KafkaError, config: Config, admin: Any) -> str | None:
+    """The message of a start that must end, for a group error retrying cannot mend; None
+    for any other error (librdkafka asks again by itself)."""
+    svc = config.service
+    group = f"{svc.topic_prefix}.service"
+    code = err.code()
+    if code == KafkaError.INVALID_SESSION_TIMEOUT:
+        bounds = _broker_setting(admin, _SESSION_BOUNDS)
+        low = _ms(bounds.get(_SESSION_BOUNDS[0]), "6s by default")
+        high = _ms(bounds.get(_SESSION_BOUNDS[1]), "30m by default")
+        return (f"[service] session_timeout = \"{svc.session_timeout}\" is refused by the "
+                f"Kafka broker: it accepts session timeouts from {low} to {high} "
+                f"({_SESSION_BOUNDS[0]} and {_SESSION_BOUNDS[1]}). Set session_timeout "
+                "within that range, or change the broker's bounds")
+    if code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        user = svc.kafka.get("sasl.username", "this principal")
+        return (f"the Kafka broker does not let {user} join the consumer group {group}: "
+                f"grant it Read on group {group} ([service.kafka] names the login)")
+    if code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        user = svc.kafka.get("sasl.username", "this principal")
+        return (f"the Kafka broker does not let {user} read kq's command topic "
+                f"{svc.topic_prefix}.commands: grant it Read on the topics {svc.topic_prefix}.*")
+    if code in (KafkaError.INCONSISTENT_GROUP_PROTOCOL, KafkaError.UNSUPPORTED_ASSIGNOR):
+        return (f"the consumer group {group} is in use by members of another kind (another "
+                f"program, or kq instances with another group protocol): {err.str()}. "
+                "Give kq a topic_prefix of its own")
+    if code == KafkaError.INVALID_GROUP_ID:
+        return f"[service] topic_prefix: the Kafka broker refuses the group id {group}"
+    if code == KafkaError.GROUP_MAX_SIZE_REACHED:
+        return (f"the consumer group {group} is full (the broker's group.max.size): "
+                "run fewer instances or raise the broker's limit")
+    if code == KafkaError.UNSUPPORTED_VERSION:
+        return (f"the Kafka broker does not support the group protocol kq uses: {err.str()}")
+    return None
