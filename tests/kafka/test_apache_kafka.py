@@ -1,40 +1,18 @@
-"""kq on Apache Kafka: the integration suite, and the transaction isolation `exactly_once`
-relies on (the embedded broker shows aborted records to every reader)."""
+"""The transaction isolation `exactly_once` relies on, on Apache Kafka (the embedded broker
+shows aborted records to every reader)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-from tests.kafka import why_not_here
+from broker.kafka import clients
+from tests.integration.kit import ServeProcess, ensure_topic, kq, uid, write_config
 
-# At module level, so that a machine without Docker lists the reason once, not once per test.
-_REASON = why_not_here()
-if _REASON:
-    pytest.skip(_REASON, allow_module_level=True)
-
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition  # noqa: E402
-
-from broker.kafka import clients  # noqa: E402
-from tests.integration.kit import ROOT, ensure_topic, uid  # noqa: E402
-
-# The first test to ask for the container waits for it: an image pull, then Kafka's start.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
-
-
-@pytest.mark.timeout(1800)
-def test_the_integration_suite_passes_on_apache_kafka(kafka_bootstrap):
-    # A subprocess: tests/conftest.py picks the broker once per session, from KQ_TEST_BOOTSTRAP.
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/integration", "-q", "-x", "-p", "no:cacheprovider"],
-        cwd=ROOT, env={**os.environ, "KQ_TEST_BOOTSTRAP": kafka_bootstrap},
-        capture_output=True, text=True, timeout=1700)
-    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def read_until(bootstrap: str, topic: str, last: bytes, **settings: Any) -> list[bytes]:
@@ -88,3 +66,50 @@ def test_a_second_service_producer_fences_the_first(kafka_bootstrap):
         zombie.produce(topic, b"from the zombie")
         zombie.commit_transaction(10)
 
+
+
+# -- what the embedded broker hid: it creates topics with their leaders at once and accepts
+# any group session timeout ---------------------------------------------------------------
+
+
+def test_a_topic_just_created_is_read_and_written_at_once(kafka_bootstrap):
+    # Apache Kafka answers "not leader" / "unknown partition" for a moment after it created
+    # a topic: kq serve crashed at start about one time in ten reading its new status topic
+    admin = clients.admin(kafka_bootstrap)
+    reader = clients.consumer(kafka_bootstrap)
+    producer = clients.producer(kafka_bootstrap)
+    try:
+        for n in range(15):
+            topic = f"fresh-{uid()}-{n}"
+            clients.ensure_topics(admin, [topic], partitions=4)
+            assert [clients.watermarks(reader, topic, p, kafka_bootstrap)
+                    for p in range(4)] == [(0, 0)] * 4
+            producer.produce(topic, b"first", partition=3)
+            assert producer.flush(10) == 0
+    finally:
+        reader.close()
+
+
+def test_serve_starts_every_time_on_a_prefix_nobody_used(kafka_bootstrap, tmp_path):
+    for n in range(6):  # each start creates its topics, then reads them at once
+        u = uid()
+        cfg = write_config(tmp_path / f"kq{n}.toml", f"kqf{u}", [f"F_{u}"],
+                           tmp_path / f"state{n}", kafka_bootstrap)
+        serve = ServeProcess(cfg, tmp_path / f"serve{n}.log").start()
+        assert serve.stop() == 0, (tmp_path / f"serve{n}.log").read_text()
+
+
+def test_a_session_timeout_the_broker_refuses_stops_the_start_naming_the_key(
+        kafka_bootstrap, tmp_path):
+    # kq's Apache Kafka accepts sessions from 1 s (a stock broker: 6 s); below, kq serve
+    # waited for ever at "joining group"
+    u = uid()
+    cfg = write_config(tmp_path / "kq.toml", f"kqs{u}", [f"S_{u}"], tmp_path / "state",
+                       kafka_bootstrap, service='session_timeout = "500ms"')
+    started = time.monotonic()
+    run = kq("serve", "--config", str(cfg), timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    said = " ".join((run.stdout + run.stderr).split())
+    assert 'session_timeout = "500ms"' in said
+    assert "from 1s to 30m" in said  # what the broker accepts, read from it
+    assert time.monotonic() - started < 30

@@ -6,26 +6,15 @@ ACLs (StandardAuthorizer). `kq serve` logs in as `admin` (a super user); the wor
 `worker` and holds only the ACLs the README prescribes: Write on the shared command topic and
 on its own, Read and Create on its delivery topics, and Read on the group id kq's consumers
 name. It never reads a queue's topic itself: its messages come on its delivery topic.
-
-Written on a machine without a Docker engine: it has not run here (see README, "Apache Kafka
-tier").
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
-
-from tests.kafka import why_not_here
-
-_REASON = why_not_here()
-if _REASON:
-    pytest.skip(_REASON, allow_module_level=True)
-
-from confluent_kafka import KafkaError, Producer  # noqa: E402
-from confluent_kafka.admin import (  # noqa: E402
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
     AclPermissionType,
@@ -33,51 +22,20 @@ from confluent_kafka.admin import (  # noqa: E402
     ResourceType,
 )
 
-from broker.client import QueueClient  # noqa: E402
-from broker.config import parse_config  # noqa: E402
-from broker.errors import CommandError, KqError  # noqa: E402
-from broker.kafka import clients  # noqa: E402
-from tests.integration.kit import drain, running_service, uid  # noqa: E402
-from tests.kafka import kafka_container_class  # noqa: E402
-from tests.kafka.conftest import IMAGE  # noqa: E402
+from broker.client import QueueClient
+from broker.config import parse_config
+from broker.errors import CommandError, KqError
+from broker.kafka import clients
+from tests.integration.kit import drain, running_service, uid
+from tests.kafka.conftest import PASSWORDS
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
-
-PASSWORDS = {"admin": "admin-secret", "worker": "worker-secret", "other": "other-secret"}
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 def login(user: str, password: str | None = None) -> dict[str, str]:
     """librdkafka settings of a SASL/PLAIN login."""
     return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
             "sasl.username": user, "sasl.password": password or PASSWORDS[user]}
-
-
-@pytest.fixture(scope="module")
-def sasl_kafka() -> Iterator[str]:
-    # testcontainers' Kafka names the client listener as told; EXTERNAL keeps "SASL_" out of
-    # the advertised listeners, where the image's start script would want a JAAS file
-    container = kafka_container_class()(IMAGE, listener_name="EXTERNAL",
-                                        security_protocol="SASL_PLAINTEXT").with_kraft()
-    users = " ".join(f'user_{u}="{p}"' for u, p in PASSWORDS.items())
-    for key, value in {
-        "KAFKA_SASL_ENABLED_MECHANISMS": "PLAIN",
-        "KAFKA_LISTENER_NAME_EXTERNAL_SASL_ENABLED_MECHANISMS": "PLAIN",
-        "KAFKA_LISTENER_NAME_EXTERNAL_PLAIN_SASL_JAAS_CONFIG":
-            f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
-        "KAFKA_AUTHORIZER_CLASS_NAME": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-        # the broker's own listeners (inter-broker, controller) are PLAINTEXT: ANONYMOUS
-        "KAFKA_SUPER_USERS": "User:admin;User:ANONYMOUS",
-        "KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND": "false",
-        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-        "KAFKA_OPTS": "-Dkq.test=sasl",
-    }.items():
-        container.with_env(key, value)
-    container.start(timeout=120)
-    try:
-        yield container.get_bootstrap_server()
-    finally:
-        container.stop()
 
 
 def grant(bootstrap: str, principal: str, grants: list[tuple[ResourceType, str,
