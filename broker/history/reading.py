@@ -41,11 +41,22 @@ def journal_spans(c: Consumer, bootstrap: str, kafka: dict[str, Any], topic: str
 
 def journal_rows(c: Consumer, spans_: list[Span], wanted: Callable[[Row], bool],
                  progress: Progress | None = None) -> Iterator[Row]:
-    """Committed transitions of the journal, oldest first, filtered."""
+    """Committed transitions of the journal, oldest first, filtered. Reading no record at
+    all from a journal whose partitions hold some is an error, never an empty answer."""
+    read = [0]
+
+    def counted(recs: Iterator[Any]) -> Iterator[tuple[int, bytes]]:
+        for rec in recs:
+            read[0] += 1
+            yield rec.offset(), rec.value()
+
     for topic, p, lo, end in spans_:
-        recs = ((rec.offset(), rec.value()) for rec in _counted(
-            records(c, topic, p, lo, settle_from=end), topic, p, progress))
-        yield from rows_in(recs, end, wanted)
+        recs = _counted(records(c, topic, p, lo, settle_from=end), topic, p, progress)
+        yield from rows_in(counted(recs), end, wanted)
+    held = sum(end - lo for _, _, lo, end in spans_)
+    if read[0] == 0 and held > 0:
+        raise KqError(f"read no record of the journal {spans_[0][0]}, whose partitions hold "
+                      f"{held}: nothing was read, so nothing can be shown")
 
 
 def topic_records(c: Consumer, spans_: list[Span], since_ms: int | None,

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -44,7 +45,7 @@ class GuardedProcess:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        out: Any = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         guard = [sys.executable, "-m", "broker.kafka.guard"]
         if self.remove is not None:
             guard += ["--remove", str(self.remove)]

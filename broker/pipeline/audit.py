@@ -13,6 +13,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from broker.errors import KqError
+
 # What the last transition of a message's current life says its state is; the kinds that
 # finish it (acked, removed, released) leave it out of the queue.
 STATE_AFTER = {"enqueued": "available", "returned": "available", "leased": "leased",
@@ -46,22 +48,24 @@ def journal_state(journal: DataFrame, batch: int) -> DataFrame:
                 .alias("holder")))
 
 
-def journal_counters(journal: DataFrame, batch: int) -> dict[str, dict[str, Any]]:
-    """Per queue: enqueued, acked and removed by reason, counted in the journal."""
+def journal_counters(journal: DataFrame, batch: int) -> tuple[dict[str, dict[str, Any]], int]:
+    """Per queue: enqueued, acked and removed by reason, counted in the journal; and how many
+    transitions there are in all up to `batch` (in the same job)."""
     rows = (journal.where(F.col("batch") <= batch)
-            .where(F.col("kind").isin("enqueued", "acked", "removed", "released"))
             .groupBy("queue", "kind",
                      F.when(F.col("kind").isin("removed", "released"),
                             F.coalesce(F.col("reason"), F.lit("removed"))).alias("reason"))
             .count().collect())
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
+        if r["kind"] not in ("enqueued", "acked", "removed", "released"):
+            continue
         q = out.setdefault(r["queue"], {"enqueued": 0, "acked": 0, "removed": {}})
         if r["kind"] in ("enqueued", "acked"):
             q[r["kind"]] += r["count"]
         else:
             q["removed"][r["reason"]] = q["removed"].get(r["reason"], 0) + r["count"]
-    return out
+    return out, sum(r["count"] for r in rows)
 
 
 def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> dict[str, Any]:
@@ -72,14 +76,21 @@ def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> d
     batch of its own journal partition: each is compared with the journal rows of its own
     queues (a queue lives in one shard) up to its batch, and the results are added up."""
     shards = service.get("shards", [service])
+    batches = [{"shard": s.get("shard", 0), "batch": int(s["batch"])} for s in shards]
     if len(shards) > 1:
         journal = journal.cache()  # read from Kafka once, compared once per shard
     results = [_audit_shard(spark, journal.where(F.col("queue").isin(list(s["queues"]))), s)
                for s in shards]
     journal.unpersist()
-    batches = [{"shard": s.get("shard", 0), "batch": int(s["batch"])} for s in shards]
+    read = sum(r["transitions"] for r in results)
+    if read == 0 and any(b["batch"] >= 0 for b in batches):
+        # the service's state reflects journal batches, so the journal holds some: an audit
+        # that read none compared nothing, and must not say "no differences"
+        raise KqError(f"the audit read no journal transition up to the batch the service "
+                      f"reflects ({batches}): the journal was not read, nothing was checked")
     return {"queues": sum(r["queues"] for r in results),
             "messages": sum(r["messages"] for r in results),
+            "transitions": read,
             "batch": batches[0]["batch"] if len(batches) == 1 else None, "batches": batches,
             "differing_messages": sum(r["differing_messages"] for r in results),
             "differences": [d for r in results for d in r["differences"]]}
@@ -113,7 +124,7 @@ def _audit_shard(spark: SparkSession, journal: DataFrame,
                 differences.append({"queue": r["queue"], "bookmark": r["bookmark"],
                                     "field": f, "journal": r[f"j_{f}"],
                                     "service": r[f"s_{f}"]})
-    counted = journal_counters(journal, batch)
+    counted, transitions = journal_counters(journal, batch)
     for name, theirs_q in sorted(service["queues"].items()):
         ours_q = counted.get(name, {"enqueued": 0, "acked": 0, "removed": {}})
         for f in ("enqueued", "acked"):
@@ -126,4 +137,5 @@ def _audit_shard(spark: SparkSession, journal: DataFrame,
                 differences.append({"queue": name, "bookmark": None,
                                     "field": f"removed.{reason}", "journal": a, "service": b})
     return {"queues": len(service["queues"]), "messages": compared,
-            "differing_messages": found, "differences": differences}
+            "transitions": transitions, "differing_messages": found,
+            "differences": differences}
