@@ -35,6 +35,8 @@ TOPIC_REFRESH_S = 2.0
 BUSY_WAIT_S = 0.001
 IDLE_WAIT_S = 0.005
 IDLE_AFTER_S = 0.5
+# Longest wait at start for the commands sent while the service was down, before timers run
+CATCH_UP_S = 30.0
 
 
 class Inputs:
@@ -55,6 +57,8 @@ class Inputs:
         # TargetQueueDepth: readers that stopped at a record their full queue turned away
         self.blocked: set[ReaderKey] = set()
         self._paused: set[tuple[str, int]] = set()
+        self._catch_up: dict[str, int] | None = None  # command topic -> its end at start
+        self._catch_up_until = 0.0
 
     def start(self) -> None:
         p = self.command_partition
@@ -65,7 +69,30 @@ class Inputs:
                 self.positions[key] = clients.end_offset(self._consumer, topic, p)
         self._commands.assign([TopicPartition(t, p, self.positions[(SERVICE, t, p)])
                                for t in self.command_topics])
+        # Commands sent while the service was down (acks, heartbeats, cancels) are judged as
+        # if they had come in time: until they are read, no lease or heartbeat may lapse.
+        self._catch_up = {t: clients.end_offset(self._consumer, t, p)
+                          for t in self.command_topics}
+        self._catch_up_until = time.monotonic() + CATCH_UP_S
         self.refresh(force=True)
+
+    def caught_up(self, newer: dict[ReaderKey, int]) -> bool:
+        """Whether the commands that were waiting at start have all been read (with the
+        positions of the batch at hand, `newer`): until then timers must not run, or an ack
+        sent before its lease's deadline, while the service was down, would find the lease
+        lapsed and the message leased to another subscriber."""
+        if self._catch_up is None:
+            return True
+        p = self.command_partition
+        behind = {t: end for t, end in self._catch_up.items()
+                  if newer.get((SERVICE, t, p), self.positions.get((SERVICE, t, p), UNSET)) < end}
+        if behind and time.monotonic() < self._catch_up_until:
+            return False
+        if behind:
+            log.warning("commands waiting since the start not all read after %.0f s (%s): "
+                        "timers run again", CATCH_UP_S, ", ".join(behind))
+        self._catch_up = None
+        return True
 
     @property
     def idle(self) -> bool:

@@ -228,7 +228,8 @@ class Service:
                     self._command(rec, self._command_topics[bm.topic], now, batch)
             else:
                 self._source_record(rec, bm, readers, now, batch)
-        self._run(ev.Tick(), now, batch)
+        if self.inputs.caught_up(batch.cp.positions):
+            self._run(ev.Tick(), now, batch)
         handled = time.monotonic()
         self._commit(batch, records_in=len(records))
         if not records and self._idle_flush:
