@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from broker.kafka import clients  # noqa: E402
-from broker.kafka.embedded import given_or_embedded  # noqa: E402
+from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_roles import percentile, publish  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -275,6 +275,8 @@ def main() -> None:
                     help="of the --rss-messages, how many a subscriber holds leased while "
                          "the service restarts")
     ap.add_argument("--bootstrap")
+    ap.add_argument("--broker", choices=BROKERS, default="embedded",
+                    help="without --bootstrap: the broker to start for the run")
     ap.add_argument("--phases", default="raw,kq,rss",
                     help="which parts to run (comma separated): raw, kq, rss")
     ap.add_argument("--memory-budget", help='[service] memory_budget of kq serve, e.g. "32MB" '
@@ -301,7 +303,7 @@ def main() -> None:
     if a.memory_budget:
         SERVICE_EXTRA += f'memory_budget = "{a.memory_budget}"\n'
     QUEUE_EXTRA = a.queue.replace("\\n", "\n") + ("\n" if a.queue else "")
-    with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
+    with given_or_started(a.bootstrap, a.broker) as bs, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         phases = set(a.phases.split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}

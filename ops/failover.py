@@ -39,7 +39,7 @@ from confluent_kafka import Producer  # noqa: E402
 
 from broker.client import QueueClient  # noqa: E402
 from broker.kafka import clients  # noqa: E402
-from broker.kafka.embedded import given_or_embedded  # noqa: E402
+from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from broker.service.status import read_statuses  # noqa: E402
 from broker.service.topics import Topics  # noqa: E402
 from ops.bench_instances import keep_logs, queue_rows, wait_until  # noqa: E402
@@ -200,10 +200,12 @@ def main() -> None:
     ap.add_argument("--standby", default="0,1", help="standby_replicas values to run, in turn")
     ap.add_argument("--session", default="10s", help="[service] session_timeout")
     ap.add_argument("--bootstrap")
+    ap.add_argument("--broker", choices=BROKERS, default="embedded",
+                    help="without --bootstrap: the broker to start for the run")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
-    with given_or_embedded(a.bootstrap) as bs, tempfile.TemporaryDirectory() as d:
+    with given_or_started(a.bootstrap, a.broker) as bs, tempfile.TemporaryDirectory() as d:
         for standby in (int(s) for s in a.standby.split(",")):
             results.append(run_once(bs, Path(d), a.queued, standby, a.session))
     if a.json:

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer  # noqa: E402
 
 from broker.kafka import clients  # noqa: E402
-from broker.kafka.embedded import given_or_embedded  # noqa: E402
+from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.soak_check import Report, check, committed_transitions, read_all  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
@@ -315,6 +315,8 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--bootstrap")
+    ap.add_argument("--broker", choices=BROKERS, default="embedded",
+                    help="without --bootstrap: the broker to start for the run")
     ap.add_argument("--seed", type=int)
     ap.add_argument("--instances", type=int, default=1,
                     help="kq serve instances sharing as many shards (kills become kills or "
@@ -326,7 +328,7 @@ def main() -> None:
                          "the broker fences a frozen owner's writes")
     a = ap.parse_args()
     started = time.monotonic()
-    with given_or_embedded(a.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as d:
+    with given_or_started(a.bootstrap, a.broker) as bootstrap, tempfile.TemporaryDirectory() as d:
         report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
                      instances=a.instances, audit=a.audit, exactly_once=a.exactly_once)
     print("\n".join(report.lines()))
