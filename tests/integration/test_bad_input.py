@@ -265,7 +265,8 @@ def allow_large_records(bootstrap: str, topic: str, size: int) -> None:
 
     resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
         "max.message.bytes", str(size), incremental_operation=AlterConfigOpType.SET)])
-    for future in clients.admin(bootstrap).incremental_alter_configs([resource]).values():
+    admin = clients.admin(bootstrap)  # kept until the answer came: a freed handle drops it
+    for future in admin.incremental_alter_configs([resource]).values():
         future.result(10)
 
 
