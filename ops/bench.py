@@ -5,12 +5,19 @@
 (a) raw: a stateless Python relay moves each record topic -> per-subscriber delivery topic;
     subscribers "ack" by producing to an ack topic the relay reads back. The same hops as kq,
     with no state: about what Kafka and Python allow on this machine.
+(s) share (Apache Kafka only): Kafka share groups (KIP-932), the queue built into the broker:
+    as many share consumers of one group as subscribers, acknowledging every record
+    explicitly. `msgs_per_s_steady` leaves out the seconds a new group takes to hand out its
+    first record.
 (b) kq: `kq serve` in a subprocess, subscribers with the real client, acking every message.
+
+Every throughput phase reports CPU per message by role over its drain (`cpu_us_per_msg`:
+broker, service (the relay for raw), subscribers, machine) and p50/p90/p99/max latency.
 
 Each runs a drain phase (N records already published, time until all are acked: msgs/s) and
 a paced phase (records published at --rate msgs/s: publish -> deliver p50/p99). Then kq's RSS
 per queued message (M records, no subscribers) and its restart time with them queued.
-Without --bootstrap the embedded broker is started on a free port.
+Without --bootstrap a broker is started on free ports (--broker embedded or apache).
 """
 
 from __future__ import annotations
@@ -43,10 +50,19 @@ def spawn(*args: str) -> subprocess.Popen[bytes]:
 
 
 def collect(files: list[Path]) -> list[float]:
-    out: list[float] = []
-    for f in files:
-        out.extend(json.loads(f.read_text()))
-    return out
+    """The latencies the subscribers wrote."""
+    return [x for f in files for x in json.loads(f.read_text())["lat"]]
+
+
+def subscribers_cpu(files: list[Path]) -> float:
+    return sum(json.loads(f.read_text())["cpu_s"] for f in files)
+
+
+def steady(files: list[Path], n: int, end_wall: float) -> float:
+    """msgs/s from the first delivery to the last ack."""
+    firsts = [json.loads(f.read_text())["first"] for f in files]
+    first = min((t for t in firsts if t), default=0.0)
+    return n / (end_wall - first) if first and end_wall > first else float("nan")
 
 
 def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
@@ -55,14 +71,18 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
                                                                for k in ("d", "ack")])
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
-    machine_before = machine_cpu_seconds()
+    machine_before, broker_before = machine_cpu_seconds(), broker_cpu(bs)
     start = time.monotonic()
     workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i])) for i in range(subs)]
-    spawn("_relay", bs, run, str(n), str(subs)).wait()
-    drain_s = time.monotonic() - start
+    relay = spawn("_relay", bs, run, str(n), str(subs))
+    relay_s = wait_cpu(relay)
+    drain_s, end_wall = time.monotonic() - start, time.time()
     machine_s = machine_cpu_seconds() - machine_before
+    broker_s = broker_cpu(bs) - broker_before
     for w in workers:
         w.wait()
+    cpu = {"broker": broker_s, "service": relay_s, "subscribers": subscribers_cpu(outs),
+           "machine": machine_s}
     # paced phase for latency
     run2 = f"{run}p"
     clients.ensure_topics(clients.admin(bs), [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in
@@ -76,9 +96,90 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     for w in workers:
         w.wait()
     lat = collect(outs2)
-    return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
-            "p99_ms": percentile(lat, 0.99), "machine_cpu_us_per_msg": machine_s / n * 1e6,
+    return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
+            **latency(lat),
+            "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s}
+
+
+def share_group(bs: str, group: str) -> None:
+    """A share group reads from the end by default: this one starts at the beginning."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = clients.admin(bs)
+    resource = ConfigResource("group", group, incremental_configs=[ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def share_members(bs: str, group: str, topic: str, subs: int,
+                  tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path], list[Path]]:
+    outs = [tmp / f"{group}-{i}.json" for i in range(subs)]
+    ready = [tmp / f"{group}-{i}.ready" for i in range(subs)]
+    return ([spawn("_share_sub", bs, group, topic, str(outs[i]), str(ready[i]))
+             for i in range(subs)], outs, ready)
+
+
+def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
+    """Kafka share groups (KIP-932): `subs` share consumers of one group on the topic, each
+    acknowledging every record explicitly, as kq's workers ack every message."""
+    run = f"shr{uuid.uuid4().hex[:6]}"
+    clients.ensure_topics(clients.admin(bs), [run])
+    share_group(bs, run)
+    publish(bs, run, n)
+    broker_before, machine_before = broker_cpu(bs), machine_cpu_seconds()
+    start = time.time()
+    members, outs, _ = share_members(bs, run, run, subs, tmp)
+    for m in members:
+        m.wait()
+    machine_s = machine_cpu_seconds() - machine_before
+    broker_s = broker_cpu(bs) - broker_before
+    got = [json.loads(o.read_text()) for o in outs]
+    delivered = sum(g["count"] for g in got)
+    if delivered < n:
+        raise SystemExit(f"share group: {delivered} of {n} records delivered")
+    end = max(g["last"] for g in got)
+    first = min(g["first"] for g in got if g["count"])
+    # paced: warm-up records until every member has one, then --rate for 5 s
+    paced = f"{run}p"
+    clients.ensure_topics(clients.admin(bs), [paced])
+    share_group(bs, paced)
+    members, outs, ready = share_members(bs, paced, paced, subs, tmp)
+    warm_until = time.monotonic() + 60
+    while not all(r.exists() for r in ready) and time.monotonic() < warm_until:
+        publish(bs, paced, 1)
+        time.sleep(0.1)
+    publish(bs, paced, int(rate * 5), rate, paced=True)
+    for m in members:
+        m.wait()
+    lat = [x for o in outs for x in json.loads(o.read_text())["lat"]]
+    cpu = {"broker": broker_s, "subscribers": sum(g["cpu_s"] for g in got),
+           "machine": machine_s}
+    return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
+            "first_delivery_s": first - start, "redelivered": delivered - n,
+            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n)}
+
+
+def latency(lat: list[float]) -> dict[str, float]:
+    return {"p50_ms": percentile(lat, 0.5), "p90_ms": percentile(lat, 0.9),
+            "p99_ms": percentile(lat, 0.99), "max_ms": max(lat, default=float("nan"))}
+
+
+def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
+    return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
+
+
+def broker_cpu(bs: str) -> float:
+    """CPU seconds of the process listening on the bootstrap port (0 when not on this
+    machine)."""
+    import psutil
+
+    port = int(bs.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return cpu_seconds(conn.pid)
+    return 0.0
 
 
 # `--memory-budget` and `--service`: more [service] keys of every kq serve the benchmark
@@ -161,16 +262,20 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
         spy = profiler(proc.pid, profile)
         cpu_before, machine_before = cpu_seconds(proc.pid), machine_cpu_seconds()
+        broker_before = broker_cpu(bs)
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog))
                    for i in range(subs)]
         wait_stat(bs, prefix, queue, "acked", n)
-        drain_s = time.monotonic() - start
+        drain_s, end_wall = time.monotonic() - start, time.time()
         cpu_s = cpu_seconds(proc.pid) - cpu_before
         machine_s = machine_cpu_seconds() - machine_before
+        broker_s = broker_cpu(bs) - broker_before
         stop_profiler(spy)
         for w in workers:
             w.wait()
+        cpu = {"broker": broker_s, "service": cpu_s, "subscribers": subscribers_cpu(outs),
+               "machine": machine_s}
         outs2 = [tmp / f"{prefix}-p{i}.json" for i in range(subs)]
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog))
                    for i in range(subs)]
@@ -182,10 +287,18 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
     finally:
         proc.terminate()
         proc.wait()
-    return {"msgs_per_s": n / drain_s, "p50_ms": percentile(lat, 0.5),
-            "p99_ms": percentile(lat, 0.99), "service_cpu_us_per_msg": cpu_s / n * 1e6,
+    return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
+            **latency(lat),
+            "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s}
+
+
+def wait_cpu(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for a child and return the CPU seconds it used."""
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime
 
 
 def machine_cpu_seconds() -> float:
@@ -266,7 +379,9 @@ def browse_all(bs: str, prefix: str, queue: str, m: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--messages", type=int, default=20000)
+    ap.add_argument("--messages", type=int, default=None,
+                    help="records per throughput phase (default 20,000; 100,000 on Apache "
+                         "Kafka, so that a share group's start does not dominate its drain)")
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--backlog", type=int, default=50)
     ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
@@ -277,8 +392,9 @@ def main() -> None:
     ap.add_argument("--bootstrap")
     ap.add_argument("--broker", choices=BROKERS, default="embedded",
                     help="without --bootstrap: the broker to start for the run")
-    ap.add_argument("--phases", default="raw,kq,rss",
-                    help="which parts to run (comma separated): raw, kq, rss")
+    ap.add_argument("--phases", default=None,
+                    help="which parts to run (comma separated): raw, share (Apache Kafka "
+                         "only), kq, rss (default: all that apply)")
     ap.add_argument("--memory-budget", help='[service] memory_budget of kq serve, e.g. "32MB" '
                     "(default: the service's own default)")
     ap.add_argument("--service", default="", metavar="TOML",
@@ -299,15 +415,20 @@ def main() -> None:
     ap.add_argument("--pipeline-transitions", type=int, default=1_000_000)
     a = ap.parse_args()
     global SERVICE_EXTRA, QUEUE_EXTRA
+    if a.messages is None:
+        a.messages = 100_000 if a.broker == "apache" else 20_000
     SERVICE_EXTRA = "".join(f"{line}\n" for line in a.service.split("\\n") if line)
     if a.memory_budget:
         SERVICE_EXTRA += f'memory_budget = "{a.memory_budget}"\n'
     QUEUE_EXTRA = a.queue.replace("\\n", "\n") + ("\n" if a.queue else "")
     with given_or_started(a.bootstrap, a.broker) as bs, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        phases = set(a.phases.split(","))
+        apache = a.broker == "apache" or bool(a.bootstrap)
+        phases = set((a.phases or ("raw,share,kq,rss" if apache else "raw,kq,rss")).split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
+        share = (run_share(bs, a.messages, a.subscribers, a.rate, tmp) if "share" in phases
+                 else None)
         if "kq" not in phases:
             kq = nan
         elif a.instances is not None:
@@ -325,8 +446,14 @@ def main() -> None:
         if a.pipeline:
             from ops.bench_pipeline import measure
             pipeline = measure(bs, a.pipeline_transitions)
-    result = {"messages": a.messages, "subscribers": a.subscribers, "raw": raw, "kq": kq,
+    result = {"messages": a.messages, "subscribers": a.subscribers,
+              "broker": "given" if a.bootstrap else a.broker,
+              "raw": raw, "kq": kq,
               "ratio_kq_to_raw": kq["msgs_per_s"] / raw["msgs_per_s"], **rss}
+    if share is not None:
+        result["share"] = share
+        result["ratio_kq_to_share"] = kq["msgs_per_s"] / share["msgs_per_s"]
+        result["ratio_kq_to_share_steady"] = kq["msgs_per_s"] / share["msgs_per_s_steady"]
     if pipeline is not None:
         result["pipeline"] = pipeline
     if a.json:
@@ -338,7 +465,15 @@ def main() -> None:
     who = f"kq, {a.instances} instance(s)" if a.instances else "kq at-least-once"
     print(f"{who:17s}: {kq['msgs_per_s']:9.0f} msgs/s   p50 {kq['p50_ms']:7.1f} ms"
           f"   p99 {kq['p99_ms']:7.1f} ms")
+    if share is not None:
+        print(f"share groups     : {share['msgs_per_s']:9.0f} msgs/s   p50 "
+              f"{share['p50_ms']:7.1f} ms   p99 {share['p99_ms']:7.1f} ms   (steady "
+              f"{share['msgs_per_s_steady']:.0f} msgs/s; first record after "
+              f"{share['first_delivery_s']:.1f} s)")
     print(f"ratio kq/raw     : {result['ratio_kq_to_raw']:.2f}")
+    if share is not None:
+        print(f"ratio kq/share   : {result['ratio_kq_to_share']:.2f} (to its steady rate "
+              f"{result['ratio_kq_to_share_steady']:.2f})")
     print(f"CPU per message, whole machine (broker included): raw "
           f"{raw.get('machine_cpu_us_per_msg', float('nan')):.0f} us, kq "
           f"{kq.get('machine_cpu_us_per_msg', float('nan')):.0f} us (kq serve alone "

@@ -30,9 +30,10 @@ def _consumer(bs: str, topics: list[str]) -> Consumer:
     return c
 
 
-def publish(bs: str, topic: str, n: int, rate: float = 0) -> None:
+def publish(bs: str, topic: str, n: int, rate: float = 0, paced: bool = False) -> None:
     p = _producer(bs)
     start = time.monotonic()
+    mark = {"paced": 1} if paced else {}
     for i in range(n):
         if rate:
             wait = start + i / rate - time.monotonic()
@@ -40,12 +41,21 @@ def publish(bs: str, topic: str, n: int, rate: float = 0) -> None:
                 time.sleep(wait)
         while True:
             try:
-                p.produce(topic, json.dumps({"i": i, "pad": "x" * 64}).encode(), partition=0)
+                p.produce(topic, json.dumps({"i": i, "pad": "x" * 64, **mark}).encode(),
+                          partition=0)
                 break
             except BufferError:
                 p.poll(0.01)
         p.poll(0)
     p.flush(60)
+
+
+def own_cpu_s() -> float:
+    """CPU seconds this process has used."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -78,29 +88,69 @@ def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
     c = _consumer(bs, [f"{run}.d{i}"])
     p = _producer(bs)
     lat: list[float] = []
+    first = 0.0
     idle = time.monotonic()
     while time.monotonic() - idle < 3:
         for rec in clients.take(c, 1000, 0.05):
             if rec.error():
                 continue
+            first = first or time.time()
             lat.append(time.time() * 1000 - rec.timestamp()[1])
             p.produce(f"{run}.ack{i}", rec.value(), partition=0)
             idle = time.monotonic()
         p.poll(0)
     p.flush(10)
-    Path(out).write_text(json.dumps(lat))
+    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": own_cpu_s(), "first": first}))
 
 
 def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> None:
     from broker.client import QueueClient
 
     lat: list[float] = []
+    first = 0.0
     with QueueClient(bs, topic_prefix=prefix) as c:
         sub = c.subscribe(queue, max_backlog=backlog)
         for msg in sub.messages(timeout=3):
+            first = first or time.time()
             lat.append(time.time() * 1000 - msg.timestamp * 1000)
             msg.ack()
-    Path(out).write_text(json.dumps(lat))
+    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": own_cpu_s(), "first": first}))
+
+
+def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> None:
+    """A Kafka share group member (KIP-932) that acknowledges every record explicitly (ACCEPT),
+    as a kq worker acks each message. Writes latencies (paced records only, when the run has
+    any), its first and last delivery times, its count and its own CPU seconds."""
+    from confluent_kafka import ShareConsumer
+
+    c = ShareConsumer({"bootstrap.servers": bs, "group.id": group,
+                       "share.acknowledgement.mode": "explicit", "fetch.wait.max.ms": 10})
+    c.subscribe([topic])
+    lat: list[float] = []
+    first = last = 0.0
+    count = 0
+    began = idle = time.monotonic()
+    while time.monotonic() - idle < 3 or (not count and time.monotonic() - began < 60):
+        batch = c.poll(0.05)
+        for rec in batch:
+            if rec.error():
+                continue
+            now = time.time()
+            if not count:
+                first = now
+                Path(ready).write_text("1")
+            count += 1
+            last = now
+            if b'"paced"' in rec.value():
+                lat.append(now * 1000 - rec.timestamp()[1])
+            c.acknowledge(rec)
+        if batch:
+            c.commit_async()
+            idle = time.monotonic()
+    c.commit_sync(10)
+    c.close()
+    Path(out).write_text(json.dumps({"lat": lat, "first": first, "last": last, "count": count,
+                                     "cpu_s": own_cpu_s()}))
 
 
 def role_leaser(bs: str, prefix: str, queue: str, count: int, ready: str) -> None:
@@ -127,6 +177,8 @@ if __name__ == "__main__":
         role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
     elif role == "_leaser":
         role_leaser(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
+    elif role == "_share_sub":
+        role_share_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])
     elif role == "_kq_sub":
         role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
     else:
