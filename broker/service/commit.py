@@ -37,7 +37,9 @@ broker accepts transactions but does not isolate them, so there only the steps a
 
 Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
 after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
-(e.g. `leased`), of the first batch that journals a transition of that kind. Crash tests use it.
+(e.g. `leased`), of the first batch that journals a transition of that kind; with
+`exactly_once` and KQ_CRASH_BEFORE_COMMIT=1, step 2's crash comes inside the Kafka
+transaction, after the journal was flushed and before the commit. Crash tests use them.
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ class Committer:
         crash = os.environ.get("KQ_CRASH_AFTER_STEP")
         self._crash_after = int(crash) if crash else None
         self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
+        # with exactly_once, step 2's crash comes before the transaction's commit instead
+        self._crash_before_commit = os.environ.get("KQ_CRASH_BEFORE_COMMIT") == "1"
         # Tests of `kq journal audit` only: lose the state write of the first message that
         # gets a transition of this kind, so the service differs from its journal.
         self._drop_kind = os.environ.get("KQ_TEST_DROP_STATE_WRITE")
@@ -163,6 +167,8 @@ class Committer:
             journal = self._journal_records(cp) if cp.transitions or cp.positions else []
             offsets = self._produce_all(journal, fatal=True, what="journal",
                                         also=held.deliveries if held else ())
+            if self.transactional and self._crash_before_commit:
+                self._crash_point(2, cp, "journal, inside the open Kafka transaction")
         if journal:
             if self._fence is not None:  # before anything of this batch goes out
                 self._fence.after_journal(self.last_offset, offsets[0])
@@ -357,11 +363,13 @@ class Committer:
                 errors.append(f"{r.topic}: {exc.args[0].str()}")
                 return
 
-    def _crash_point(self, step: int, cp: Checkpoint) -> None:
+    def _crash_point(self, step: int, cp: Checkpoint, where: str = "") -> None:
         if self._crash_after != step or not cp.transitions:
             return
+        if step == 2 and self.transactional and self._crash_before_commit and not where:
+            return  # it came inside the transaction, or not at all
         if self._crash_kind is None or any(t.kind.value == self._crash_kind
                                            for t in cp.transitions):
             log.warning("KQ_CRASH_AFTER_STEP=%d: killing myself after step %s", step,
-                        STEPS[step - 1])
+                        where or STEPS[step - 1])
             os.kill(os.getpid(), signal.SIGKILL)

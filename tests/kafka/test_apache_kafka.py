@@ -9,8 +9,21 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
+from broker import wire
+from broker.client import QueueClient
+from broker.engine.transitions import Kind
 from broker.kafka import clients
-from tests.integration.kit import ServeProcess, ensure_topic, kq, uid, write_config
+from broker.kafka.ranges import real_ends, records
+from broker.service.journal import transitions_in
+from tests.integration.kit import (
+    ServeProcess,
+    drain,
+    ensure_topic,
+    kq,
+    publish,
+    uid,
+    write_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -113,3 +126,58 @@ def test_a_session_timeout_the_broker_refuses_stops_the_start_naming_the_key(
     assert 'session_timeout = "500ms"' in said
     assert "from 1s to 30m" in said  # what the broker accepts, read from it
     assert time.monotonic() - started < 30
+
+
+def values_of(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    """Every value of the topic's partition 0, as a reader with this isolation level sees it."""
+    reader = clients.consumer(bootstrap, **{"isolation.level": isolation})
+    try:
+        (lo, end), = real_ends(reader, [(topic, 0)]).values()
+        return [rec.value() for rec in records(reader, topic, 0, lo, end)]
+    finally:
+        reader.close()
+
+
+def leases_of(values: list[bytes], bookmark: str) -> int:
+    parts = [wire.decode("journal", v) for v in values]
+    return sum(1 for p in parts for t in transitions_in(p)
+               if t.kind is Kind.LEASED and str(t.bookmark) == bookmark)
+
+
+def deliveries_of(values: list[bytes], bookmark: str) -> int:
+    envelopes = [wire.decode("envelope", v) for v in values]
+    return sum(e["batch"]["bookmarks"].split("\n").count(bookmark) for e in envelopes
+               if e["kind"] == "messages")
+
+
+def test_a_crash_inside_an_exactly_once_commit_leaves_nothing_committed_readers_see(
+        kafka_bootstrap, tmp_path):
+    # exactly_once = true: a batch's journal part is written in a Kafka transaction. kill -9
+    # after it was flushed, before the commit: the restart's producer fences the dead one and
+    # its transaction is aborted. Recovery and every read_committed reader see the lease
+    # once (the one made after the restart); the aborted part stays in the log.
+    u = uid()
+    name, prefix, client = f"X_{u}", f"kq{u}", f"w-{u}"
+    ensure_topic(kafka_bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", prefix, [name], tmp_path / "state",
+                       kafka_bootstrap, extra='lease_period = "1h"\n',
+                       service="exactly_once = true")
+    serve = ServeProcess(cfg, tmp_path / "serve.log")
+    serve.start(KQ_CRASH_AFTER_STEP="2", KQ_CRASH_ON_KIND="leased", KQ_CRASH_BEFORE_COMMIT="1")
+    with QueueClient(kafka_bootstrap, topic_prefix=prefix, name=client) as c:
+        sub = c.subscribe(name)
+        (bm,) = publish(kafka_bootstrap, name, [b'{"n": 1}'])
+        assert serve.wait_exit() == -9  # killed inside the transaction
+        serve.start()
+        try:
+            (msg,) = drain(sub, 1, timeout=30)
+            assert (msg.bookmark, msg.delivery_count) == (bm, 1)
+            msg.ack()
+            c.flush()
+        finally:
+            serve.stop()
+    journal, deliver = f"{prefix}.journal", f"{prefix}.deliver.{client}"
+    assert leases_of(values_of(kafka_bootstrap, journal, "read_committed"), bm) == 1
+    assert leases_of(values_of(kafka_bootstrap, journal, "read_uncommitted"), bm) == 2
+    # the dead batch's delivery never went out: the client got the lease once
+    assert deliveries_of(values_of(kafka_bootstrap, deliver, "read_uncommitted"), bm) == 1
