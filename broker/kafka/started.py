@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,9 +22,12 @@ def given_or_started(bootstrap: str | None, broker: str = "embedded") -> Iterato
         return
     if broker != "apache":
         raise ValueError(f"unknown broker {broker!r}: choose from {', '.join(BROKERS)}")
-    kafka = ApacheKafka().start(say=print)
-    print(f"Apache Kafka {kafka.version} started in {kafka.started_in_s:.1f} s at "
-          f"{kafka.bootstrap_servers}", flush=True)
+    def say(line: str) -> None:  # on stderr: a tool's stdout may be JSON
+        print(line, file=sys.stderr, flush=True)
+
+    kafka = ApacheKafka().start(say=say)
+    say(f"Apache Kafka {kafka.version} started in {kafka.started_in_s:.1f} s at "
+        f"{kafka.bootstrap_servers}")
     try:
         yield kafka.bootstrap_servers
     finally:
