@@ -27,10 +27,6 @@ from tests.integration.kit import (
 pytestmark = pytest.mark.integration
 
 
-def queue_row(cfg) -> dict:
-    return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
-
-
 def test_acks_sent_while_the_service_was_down_settle_their_leases_after_the_deadline(
         bootstrap, tmp_path):
     u = uid()
@@ -53,8 +49,8 @@ def test_acks_sent_while_the_service_was_down_settle_their_leases_after_the_dead
         time.sleep(max(0.0, deadline - time.time()) + 0.5)  # the leases' deadline passes
         serve.start()
         try:
-            wait_for(lambda: queue_row(cfg)["acked"] == 5, 30, "the five acks to count")
-            row = queue_row(cfg)
+            wait_for(lambda: queue_row_of(cfg, name)["acked"] == 5, 30, "the five acks to count")
+            row = queue_row_of(cfg, name)
             assert (row["depth"], row["delivered"]) == (0, 5)  # none was leased again
             assert list(sub.messages(timeout=1)) == []
             assert worker.errors == []  # no ack was refused
