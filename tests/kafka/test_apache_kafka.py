@@ -3,7 +3,10 @@ shows aborted records to every reader)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,8 @@ from broker.kafka import clients
 from broker.kafka.ranges import real_ends, records
 from broker.service.journal import transitions_in
 from tests.integration.kit import (
+    KQ,
+    ROOT,
     ServeProcess,
     drain,
     ensure_topic,
@@ -181,3 +186,33 @@ def test_a_crash_inside_an_exactly_once_commit_leaves_nothing_committed_readers_
     assert leases_of(values_of(kafka_bootstrap, journal, "read_uncommitted"), bm) == 2
     # the dead batch's delivery never went out: the client got the lease once
     assert deliveries_of(values_of(kafka_bootstrap, deliver, "read_uncommitted"), bm) == 1
+
+
+def test_kq_broker_apache_serves_and_leaves_nothing_behind_when_its_owner_is_killed(tmp_path):
+    from broker.kafka.embedded import free_port, port_open
+    from tests.conftest import why_no_apache
+
+    if why_no_apache():
+        pytest.skip(why_no_apache())
+    port = free_port()
+    broker = subprocess.Popen([*KQ, "broker", "--apache", "--port", str(port)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "COLUMNS": "200"})
+    try:
+        assert broker.stdout is not None
+        said = ""
+        while "listening at" not in said and broker.poll() is None:  # after "fetching..."
+            said = broker.stdout.readline()
+        assert f"listening at 127.0.0.1:{port}" in said, said
+        data = Path(said.split("data in ")[1].split(",")[0])
+        assert data.is_dir()
+        topic = f"owned-{uid()}"
+        ensure_topic(f"127.0.0.1:{port}", topic)  # it serves clients
+    finally:
+        broker.kill()  # kill -9 of `kq broker --apache`: the guard stops the JVM
+        broker.wait()
+    deadline = time.monotonic() + 30
+    while (port_open("127.0.0.1", port) or data.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not port_open("127.0.0.1", port), "Apache Kafka outlived its owner"
+    assert not data.exists(), "its data directory was left behind"
