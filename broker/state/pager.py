@@ -49,8 +49,9 @@ def order_key(order: tuple[Any, int]) -> bytes:
 
 
 def _double(value: float) -> bytes:
-    """A float as 8 bytes that sort as it does."""
-    raw = bytearray(struct.pack(">d", value))
+    """A float as 8 bytes that sort as it does (-0.0 as 0.0: they are equal, and their tie
+    must be broken by seq, as in memory, not by the sign bit)."""
+    raw = bytearray(struct.pack(">d", value + 0.0))
     if raw[0] & 0x80:  # negative: flip every bit, so larger magnitudes sort first
         return bytes(b ^ 0xFF for b in raw)
     raw[0] |= 0x80
