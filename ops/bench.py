@@ -25,8 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -100,65 +98,6 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s}
-
-
-def share_group(bs: str, group: str) -> None:
-    """A share group reads from the end by default: this one starts at the beginning."""
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
-
-    admin = clients.admin(bs)
-    resource = ConfigResource("group", group, incremental_configs=[ConfigEntry(
-        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
-
-
-def share_members(bs: str, group: str, topic: str, subs: int,
-                  tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path], list[Path]]:
-    outs = [tmp / f"{group}-{i}.json" for i in range(subs)]
-    ready = [tmp / f"{group}-{i}.ready" for i in range(subs)]
-    return ([spawn("_share_sub", bs, group, topic, str(outs[i]), str(ready[i]))
-             for i in range(subs)], outs, ready)
-
-
-def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
-    """Kafka share groups (KIP-932): `subs` share consumers of one group on the topic, each
-    acknowledging every record explicitly, as kq's workers ack every message."""
-    run = f"shr{uuid.uuid4().hex[:6]}"
-    clients.ensure_topics(clients.admin(bs), [run])
-    share_group(bs, run)
-    publish(bs, run, n)
-    broker_before, machine_before = broker_cpu(bs), machine_cpu_seconds()
-    start = time.time()
-    members, outs, _ = share_members(bs, run, run, subs, tmp)
-    for m in members:
-        m.wait()
-    machine_s = machine_cpu_seconds() - machine_before
-    broker_s = broker_cpu(bs) - broker_before
-    got = [json.loads(o.read_text()) for o in outs]
-    delivered = sum(g["count"] for g in got)
-    if delivered < n:
-        raise SystemExit(f"share group: {delivered} of {n} records delivered")
-    end = max(g["last"] for g in got)
-    first = min(g["first"] for g in got if g["count"])
-    # paced: warm-up records until every member has one, then --rate for 5 s
-    paced = f"{run}p"
-    clients.ensure_topics(clients.admin(bs), [paced])
-    share_group(bs, paced)
-    members, outs, ready = share_members(bs, paced, paced, subs, tmp)
-    warm_until = time.monotonic() + 60
-    while not all(r.exists() for r in ready) and time.monotonic() < warm_until:
-        publish(bs, paced, 1)
-        time.sleep(0.1)
-    publish(bs, paced, int(rate * 5), rate, paced=True)
-    for m in members:
-        m.wait()
-    lat = [x for o in outs for x in json.loads(o.read_text())["lat"]]
-    cpu = {"broker": broker_s, "subscribers": sum(g["cpu_s"] for g in got),
-           "machine": machine_s}
-    return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
-            "first_delivery_s": first - start, "redelivered": delivered - n,
-            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n)}
 
 
 def latency(lat: list[float]) -> dict[str, float]:
@@ -317,66 +256,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_rss(bs: str, m: int, leased: int, tmp: Path) -> dict[str, float]:
-    prefix = f"kqr{uuid.uuid4().hex[:6]}"
-    queue = f"{prefix}_Q"
-    clients.ensure_topics(clients.admin(bs), [queue])
-    cfg = write_config(tmp, bs, prefix, queue, backlog=max(leased, 1))
-    log = tmp / f"{prefix}.log"
-    proc, _ = start_service(cfg, log)
-    time.sleep(1)
-    base = rss_kb(proc.pid)
-    publish(bs, queue, m)
-    wait_stat(bs, prefix, queue, "enqueued", m)
-    # what the queue costs as it waits, not the burst of loading it: the service hands
-    # freed memory back once it falls idle (broker.service.memory)
-    time.sleep(2)
-    loaded = rss_kb(proc.pid)
-    browse_s = browse_all(bs, prefix, queue, m)
-    leaser = None
-    if leased:  # leases held across the restart: they stay in memory, the rest is paged
-        ready = tmp / f"{prefix}.leased"
-        leaser = spawn("_leaser", bs, prefix, queue, str(leased), str(ready))
-        while not ready.exists():
-            time.sleep(0.1)
-    proc.terminate()
-    proc.wait()
-    proc, restart_s = start_service(cfg, log)
-    proc.terminate()
-    proc.wait()
-    # the local state lost: rebuilt from the journal (and the payloads from their topic)
-    shutil.rmtree(tmp / prefix)
-    proc, rebuild_s = start_service(cfg, log)
-    proc.terminate()
-    proc.wait()
-    if leaser is not None:
-        leaser.kill()
-    # the service's own figure: the replay, without the start around it
-    rebuilt = re.findall(r"replayed \d+ journal batches \((\d+) transitions\) into the local "
-                         r"state in ([\d.]+) s", log.read_text())
-    transitions, replay_s = (int(rebuilt[-1][0]), float(rebuilt[-1][1])) if rebuilt else (0, 0.0)
-    return {"rss_bytes_per_queued_msg": (loaded - base) * 1024 / m, "queued": m,
-            "leased": leased, "restart_s": restart_s, "browse_msgs_per_s": m / browse_s,
-            "rebuild_s": rebuild_s, "rebuild_transitions": transitions,
-            "rebuild_transitions_per_s": transitions / max(replay_s, 0.05)}
-
-
-def browse_all(bs: str, prefix: str, queue: str, m: int) -> float:
-    """Seconds a new browser takes to be shown every one of `m` queued messages."""
-    from broker.client import QueueClient
-
-    with QueueClient(bs, name="bench-browser", topic_prefix=prefix) as c:
-        started = time.monotonic()
-        seen = 0
-        for _ in c.subscribe(queue, mode="browse").messages(timeout=30):
-            seen += 1
-            if seen == m:
-                break
-        if seen < m:
-            raise SystemExit(f"the browser saw {seen} of {m} messages")
-        return time.monotonic() - started
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--messages", type=int, default=None,
@@ -427,8 +306,10 @@ def main() -> None:
         phases = set((a.phases or ("raw,share,kq,rss" if apache else "raw,kq,rss")).split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
-        share = (run_share(bs, a.messages, a.subscribers, a.rate, tmp) if "share" in phases
-                 else None)
+        share = None
+        if "share" in phases:
+            from ops.bench_share import run_share
+            share = run_share(bs, a.messages, a.subscribers, a.rate, tmp)
         if "kq" not in phases:
             kq = nan
         elif a.instances is not None:
@@ -437,6 +318,8 @@ def main() -> None:
                                a.instances)
         else:
             kq = run_kq(bs, a.messages, a.subscribers, a.rate, tmp, a.backlog, a.profile)
+        if "rss" in phases:
+            from ops.bench_rss import run_rss
         rss = (run_rss(bs, a.rss_messages, a.rss_leased, tmp) if "rss" in phases else
                {"rss_bytes_per_queued_msg": float("nan"), "queued": 0, "leased": 0,
                 "restart_s": float("nan"), "browse_msgs_per_s": float("nan"),

@@ -1,0 +1,75 @@
+"""The `rss` phase of ops/bench.py: kq serve's memory per queued message, its restart with
+them queued (some held leased across it), its rebuild with `data_dir` deleted, and how fast a
+new browser is shown them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from broker.kafka import clients
+from ops.bench import rss_kb, spawn, start_service, wait_stat, write_config
+from ops.bench_roles import publish
+
+
+def run_rss(bs: str, m: int, leased: int, tmp: Path) -> dict[str, float]:
+    prefix = f"kqr{uuid.uuid4().hex[:6]}"
+    queue = f"{prefix}_Q"
+    clients.ensure_topics(clients.admin(bs), [queue])
+    cfg = write_config(tmp, bs, prefix, queue, backlog=max(leased, 1))
+    log = tmp / f"{prefix}.log"
+    proc, _ = start_service(cfg, log)
+    time.sleep(1)
+    base = rss_kb(proc.pid)
+    publish(bs, queue, m)
+    wait_stat(bs, prefix, queue, "enqueued", m)
+    # what the queue costs as it waits, not the burst of loading it: the service hands
+    # freed memory back once it falls idle (broker.service.memory)
+    time.sleep(2)
+    loaded = rss_kb(proc.pid)
+    browse_s = browse_all(bs, prefix, queue, m)
+    leaser = None
+    if leased:  # leases held across the restart: they stay in memory, the rest is paged
+        ready = tmp / f"{prefix}.leased"
+        leaser = spawn("_leaser", bs, prefix, queue, str(leased), str(ready))
+        while not ready.exists():
+            time.sleep(0.1)
+    proc.terminate()
+    proc.wait()
+    proc, restart_s = start_service(cfg, log)
+    proc.terminate()
+    proc.wait()
+    # the local state lost: rebuilt from the journal (and the payloads from their topic)
+    shutil.rmtree(tmp / prefix)
+    proc, rebuild_s = start_service(cfg, log)
+    proc.terminate()
+    proc.wait()
+    if leaser is not None:
+        leaser.kill()
+    # the service's own figure: the replay, without the start around it
+    rebuilt = re.findall(r"replayed \d+ journal batches \((\d+) transitions\) into the local "
+                         r"state in ([\d.]+) s", log.read_text())
+    transitions, replay_s = (int(rebuilt[-1][0]), float(rebuilt[-1][1])) if rebuilt else (0, 0.0)
+    return {"rss_bytes_per_queued_msg": (loaded - base) * 1024 / m, "queued": m,
+            "leased": leased, "restart_s": restart_s, "browse_msgs_per_s": m / browse_s,
+            "rebuild_s": rebuild_s, "rebuild_transitions": transitions,
+            "rebuild_transitions_per_s": transitions / max(replay_s, 0.05)}
+
+
+def browse_all(bs: str, prefix: str, queue: str, m: int) -> float:
+    """Seconds a new browser takes to be shown every one of `m` queued messages."""
+    from broker.client import QueueClient
+
+    with QueueClient(bs, name="bench-browser", topic_prefix=prefix) as c:
+        started = time.monotonic()
+        seen = 0
+        for _ in c.subscribe(queue, mode="browse").messages(timeout=30):
+            seen += 1
+            if seen == m:
+                break
+        if seen < m:
+            raise SystemExit(f"the browser saw {seen} of {m} messages")
+        return time.monotonic() - started

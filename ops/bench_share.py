@@ -1,0 +1,74 @@
+"""The `share` phase of ops/bench.py: Kafka share groups (KIP-932), the queue built into
+Apache Kafka 4.2+, measured the way kq is: as many share consumers of one group as kq has
+subscribers, each acknowledging every record explicitly (ops/bench_roles.py `_share_sub`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from broker.kafka import clients
+from ops.bench import broker_cpu, latency, machine_cpu_seconds, per_msg, spawn
+from ops.bench_roles import publish
+
+
+def share_group(bs: str, group: str) -> None:
+    """A share group reads from the end by default: this one starts at the beginning."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = clients.admin(bs)
+    resource = ConfigResource("group", group, incremental_configs=[ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+def share_members(bs: str, group: str, topic: str, subs: int,
+                  tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path], list[Path]]:
+    outs = [tmp / f"{group}-{i}.json" for i in range(subs)]
+    ready = [tmp / f"{group}-{i}.ready" for i in range(subs)]
+    return ([spawn("_share_sub", bs, group, topic, str(outs[i]), str(ready[i]))
+             for i in range(subs)], outs, ready)
+
+
+def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
+    """Kafka share groups (KIP-932): `subs` share consumers of one group on the topic, each
+    acknowledging every record explicitly, as kq's workers ack every message."""
+    run = f"shr{uuid.uuid4().hex[:6]}"
+    clients.ensure_topics(clients.admin(bs), [run])
+    share_group(bs, run)
+    publish(bs, run, n)
+    broker_before, machine_before = broker_cpu(bs), machine_cpu_seconds()
+    start = time.time()
+    members, outs, _ = share_members(bs, run, run, subs, tmp)
+    for m in members:
+        m.wait()
+    machine_s = machine_cpu_seconds() - machine_before
+    broker_s = broker_cpu(bs) - broker_before
+    got = [json.loads(o.read_text()) for o in outs]
+    delivered = sum(g["count"] for g in got)
+    if delivered < n:
+        raise SystemExit(f"share group: {delivered} of {n} records delivered")
+    end = max(g["last"] for g in got)
+    first = min(g["first"] for g in got if g["count"])
+    # paced: warm-up records until every member has one, then --rate for 5 s
+    paced = f"{run}p"
+    clients.ensure_topics(clients.admin(bs), [paced])
+    share_group(bs, paced)
+    members, outs, ready = share_members(bs, paced, paced, subs, tmp)
+    warm_until = time.monotonic() + 60
+    while not all(r.exists() for r in ready) and time.monotonic() < warm_until:
+        publish(bs, paced, 1)
+        time.sleep(0.1)
+    publish(bs, paced, int(rate * 5), rate, paced=True)
+    for m in members:
+        m.wait()
+    lat = [x for o in outs for x in json.loads(o.read_text())["lat"]]
+    cpu = {"broker": broker_s, "subscribers": sum(g["cpu_s"] for g in got),
+           "machine": machine_s}
+    return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
+            "first_delivery_s": first - start, "redelivered": delivered - n,
+            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n)}
