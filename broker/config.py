@@ -253,6 +253,15 @@ class ServiceConfig(_Strict):
     session_timeout: DurationField = Duration(10_000)
     standby_replicas: int = Field(0, ge=0, le=1)
 
+    @field_validator("kafka")
+    @classmethod
+    def _group_protocol(cls, kafka: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        chosen = kafka.get("group.protocol", "classic")
+        if chosen not in ("classic", "consumer"):
+            raise ValueError(f"group.protocol = {chosen!r}: kq's instances join their group "
+                             "with 'classic' (the default) or 'consumer' (KIP-848)")
+        return kafka
+
 
 class Config(_Strict):
     """The whole file."""

@@ -1,7 +1,7 @@
 """Failover, measured: kill -9 the owner of a deep queue under load and time the takeover.
 
     python ops/failover.py [--queued 100000] [--standby 0,1] [--session 10s] [--json]
-                           [--bootstrap HOST:PORT]
+                           [--protocol classic|consumer] [--bootstrap HOST:PORT]
 
 For each `standby_replicas` value: `--queued` messages wait in one queue (one shard);
 instance `a` owns it and `b` runs beside it (with `standby_replicas = 1`, `b` keeps the shard
@@ -94,11 +94,13 @@ class Load(threading.Thread):
         p.flush(30)
 
 
-def _config(tmp: Path, bs: str, prefix: str, queue: str, standby: int, session: str) -> Path:
+def _config(tmp: Path, bs: str, prefix: str, queue: str, standby: int, session: str,
+            protocol: str) -> Path:
     cfg = tmp / f"{prefix}.toml"
     cfg.write_text("\n".join([
         "[service]", f'bootstrap_servers = "{bs}"', f'topic_prefix = "{prefix}"',
         "metrics_port = 0", f'session_timeout = "{session}"', f"standby_replicas = {standby}",
+        "[service.kafka]", f'"group.protocol" = "{protocol}"',
         "[[queue]]", f'name = "{queue}"', "max_per_subscription_backlog = 100"]) + "\n")
     return cfg
 
@@ -134,12 +136,13 @@ def _warm(bs: str, prefix: str, standby: int) -> bool:
                                                      for v in b.lag.values()))
 
 
-def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str) -> dict:
+def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str,
+             protocol: str) -> dict:
     prefix = f"kqf{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
     clients.ensure_topics(clients.admin(bs), [queue])
     publish(bs, queue, queued)
-    cfg = _config(tmp, bs, prefix, queue, standby, session)
+    cfg = _config(tmp, bs, prefix, queue, standby, session, protocol)
     procs = {"a": _serve(cfg, tmp, "a")}
 
     def gone() -> str | None:
@@ -187,7 +190,8 @@ def run_once(bs: str, tmp: Path, queued: int, standby: int, session: str) -> dic
     # the outage ends at the first message after the longest silence following the kill
     gaps = [(b - a, b) for a, b in zip([killed, *after], after, strict=False)]
     served = max(gaps)[1] if gaps else float("nan")
-    return {"standby_replicas": standby, "session_timeout": session, "queued_at_kill": depth,
+    return {"standby_replicas": standby, "session_timeout": session, "group_protocol": protocol,
+            "queued_at_kill": depth,
             "detected_s": (taken or float("nan")) - killed,
             "restore_s": (ready or float("nan")) - (taken or float("nan")),
             "served_s": served - killed, "published": total, "acked": len(sub.ledger.acked),
@@ -199,6 +203,9 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=100_000, help="messages queued at the start")
     ap.add_argument("--standby", default="0,1", help="standby_replicas values to run, in turn")
     ap.add_argument("--session", default="10s", help="[service] session_timeout")
+    ap.add_argument("--protocol", choices=("classic", "consumer"), default="classic",
+                    help="the group protocol of kq's instances ([service.kafka] group.protocol;"
+                         " consumer is KIP-848's, on Apache Kafka 4.0+)")
     ap.add_argument("--bootstrap")
     ap.add_argument("--broker", choices=BROKERS, default="embedded",
                     help="without --bootstrap: the broker to start for the run")
@@ -207,7 +214,7 @@ def main() -> None:
     results = []
     with given_or_started(a.bootstrap, a.broker) as bs, tempfile.TemporaryDirectory() as d:
         for standby in (int(s) for s in a.standby.split(",")):
-            results.append(run_once(bs, Path(d), a.queued, standby, a.session))
+            results.append(run_once(bs, Path(d), a.queued, standby, a.session, a.protocol))
     if a.json:
         print(json.dumps(results, indent=2))
     else:

@@ -44,6 +44,10 @@ SINGLE_NODE = {
     # Kafka's default minimum is 6 s; kq's fast-failover settings (3 s) and tests go lower.
     # The one departure from a stock broker's group rules, written in the README.
     "group.min.session.timeout.ms": "1000",
+    # the same for groups on the consumer protocol (KIP-848), whose stock minimums are 45 s
+    # and heartbeats every 5 s
+    "group.consumer.min.session.timeout.ms": "1000",
+    "group.consumer.min.heartbeat.interval.ms": "100",
 }
 
 LOG_CONFIG = """\

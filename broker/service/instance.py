@@ -98,14 +98,11 @@ class Instance:
             raise
         self._group = clients.consumer(self.bootstrap, extra, **{
             "group.id": f"{self.topics.prefix}.service", "client.id": f"kq-{self.name}",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": clients.group_heartbeat_ms(session_ms),
-            "auto.offset.reset": "latest"})
+            **joining.member_settings(self.config, admin), "auto.offset.reset": "latest"})
         self._group.subscribe([self.topics.commands], on_assign=self._assigned,
                               on_revoke=self._revoked, on_lost=self._lost)
-        log.info("instance %s joining group %s.service (%d shard(s))", self.name,
-                 self.topics.prefix, svc.shards)
+        log.info("instance %s joining group %s.service (%d shard(s), %s group protocol)",
+                 self.name, self.topics.prefix, svc.shards, joining.protocol(self.config))
         last_status = 0.0
         self._last_turn = time.monotonic()  # the start-up's own waits are no freeze
         try:

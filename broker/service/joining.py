@@ -10,15 +10,61 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka import KafkaError
-from confluent_kafka.admin import ConfigResource, ResourceType
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from broker.config import Config
+from broker.errors import ConfigError
+from broker.kafka import clients
 from broker.values import Duration
 
 log = logging.getLogger("kq.instance")
 
 _SESSION_BOUNDS = ("group.min.session.timeout.ms", "group.max.session.timeout.ms")
+# The consumer protocol (KIP-848) keeps a group's timing on the broker, within these bounds
+_CONSUMER_BOUNDS = ("group.consumer.min.session.timeout.ms",
+                    "group.consumer.max.session.timeout.ms",
+                    "group.consumer.min.heartbeat.interval.ms",
+                    "group.consumer.max.heartbeat.interval.ms")
+
+
+def protocol(config: Config) -> str:
+    """The group protocol kq's instances join with: `[service.kafka] group.protocol`,
+    classic unless it says "consumer" (KIP-848; the config checks the value)."""
+    return str(config.service.kafka.get("group.protocol", "classic"))
+
+
+def member_settings(config: Config, admin: Any) -> dict[str, Any]:
+    """The group member's settings that depend on the protocol.
+
+    Classic: the member itself asks for `session_timeout` and cooperative-sticky assignment.
+    Consumer (KIP-848): the broker assigns and keeps the session timeout; a client that sets
+    either is refused by librdkafka. kq sets them on its own group instead (group configs,
+    KIP-848), so `session_timeout` means the same under both protocols."""
+    session_ms = config.service.session_timeout.ms
+    heartbeat_ms = clients.group_heartbeat_ms(session_ms)
+    if protocol(config) == "classic":
+        return {"partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": session_ms, "heartbeat.interval.ms": heartbeat_ms}
+    group = f"{config.service.topic_prefix}.service"
+    resource = ConfigResource(ResourceType.GROUP, group)
+    for name, ms in (("consumer.session.timeout.ms", session_ms),
+                     ("consumer.heartbeat.interval.ms", heartbeat_ms)):
+        resource.add_incremental_config(ConfigEntry(
+            name, str(ms), incremental_operation=AlterConfigOpType.SET))
+    try:
+        admin.incremental_alter_configs([resource])[resource].result(30)
+    except KafkaException as exc:
+        bounds = _broker_setting(admin, _CONSUMER_BOUNDS)
+        said = ", ".join(f"{k} = {_ms(v, v)}" for k, v in bounds.items())
+        raise ConfigError(
+            f"[service] session_timeout = \"{config.service.session_timeout}\" (heartbeats "
+            f"every {Duration(heartbeat_ms)}) could not be set on the consumer group {group} "
+            f"under the consumer group protocol: {exc.args[0].str()}"
+            + (f". The broker's bounds: {said}" if said else "")
+            + ". Set session_timeout within them, change the broker's bounds, or leave "
+            "[service.kafka] group.protocol at classic") from exc
+    return {}
 
 
 def _broker_setting(admin: Any, names: tuple[str, ...]) -> dict[str, str]:

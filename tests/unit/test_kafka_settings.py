@@ -42,3 +42,25 @@ def test_every_client_kq_builds_checks_the_settings():
     for build in (clients.producer, clients.consumer, clients.admin):
         with pytest.raises(ConfigError, match="'enable.auto.commit' is kq's to set"):
             build("127.0.0.1:1", {"enable.auto.commit": True})
+
+
+def test_the_group_protocol_is_classic_unless_the_config_says_consumer():
+    from broker.config import Config
+    from broker.service import joining
+
+    assert joining.protocol(Config()) == "classic"
+    chosen = Config.model_validate({"service": {"kafka": {"group.protocol": "consumer"}}})
+    assert joining.protocol(chosen) == "consumer"
+    # classic asks for the session itself; consumer must not (librdkafka refuses it)
+    settings = joining.member_settings(Config(), admin=None)
+    assert settings["session.timeout.ms"] == 10_000
+    assert settings["partition.assignment.strategy"] == "cooperative-sticky"
+
+
+def test_an_unknown_group_protocol_is_refused_naming_the_choices():
+    from pydantic import ValidationError
+
+    from broker.config import Config
+
+    with pytest.raises(ValidationError, match="'classic' .* or 'consumer'"):
+        Config.model_validate({"service": {"kafka": {"group.protocol": "consumr"}}})
