@@ -67,7 +67,7 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
     with QueueClient(bootstrap, topic_prefix=prefix) as c, open(log, "w") as out:
         sub = c.subscribe(queue, max_backlog=BACKLOG)
         print("subscribed", flush=True)
-        while not (os.path.exists(stop_file) and not sub._buffer):
+        while not (os.path.exists(stop_file) and not sub.buffer):
             for msg in sub.messages(timeout=0.5):
                 action = "ack"
                 if behaviour == "cancel-10%" and rnd.random() < 0.10:

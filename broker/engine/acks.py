@@ -16,12 +16,21 @@ from broker.values import Bookmark
 
 
 class Acks(EnginePart):
-    def _held_message(self, q: QueueState, client: str, bm: Bookmark,
-                      verb: str) -> tuple[Message | None, str | None]:
-        """The message `client` may act on, or the reason it may not."""
+    def _held_message(self, q: QueueState, client: str, bm: Bookmark, verb: str,
+                      delivery: int = 0) -> tuple[Message | None, str | None]:
+        """The message `client` may act on, or the reason it may not. With `delivery` (the
+        delivery count the client was given), only that delivery: an answer to an earlier
+        one, whose lease lapsed, is never applied to a later one."""
         msg = q.find(bm)
         if msg is None:
             return None, f"{verb} {bm}: not in queue {q.name} (already acked, removed or unknown)"
+        if delivery and delivery != msg.delivery_count:
+            return None, (f"{verb} {bm}: lease lost: delivery {delivery} of it is over (its "
+                          f"lease lapsed or was given up; it is now delivery "
+                          f"{msg.delivery_count}, {msg.state.value})")
+        if delivery and msg.state is MessageState.AVAILABLE:
+            return None, (f"{verb} {bm}: lease lost: delivery {delivery} of it is over (its "
+                          f"lease lapsed; it is available again)")
         holder = self.subs.get(msg.holder) if msg.holder else None
         if holder is not None and holder.client == client:
             return msg, None
@@ -38,12 +47,13 @@ class Acks(EnginePart):
         if q is None:
             return
         problems = []
-        for bm in e.bookmarks:
+        counts = e.delivery_counts or (0,) * len(e.bookmarks)
+        for bm, delivery in zip(e.bookmarks, counts, strict=True):
             if q.not_read_yet(bm) and q.find(bm) is None:
                 if bm not in q.pending_acks:  # honoured when the message becomes active
                     self._do(Transition(Kind.REMEMBERED, q.name, now, bm, client=e.client))
                 continue
-            msg, problem = self._held_message(q, e.client, bm, "ack")
+            msg, problem = self._held_message(q, e.client, bm, "ack", delivery)
             if problem:
                 problems.append(problem)
             elif msg is not None:
@@ -81,7 +91,7 @@ class Acks(EnginePart):
         q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
-        msg, problem = self._held_message(q, e.client, e.bookmark, "cancel")
+        msg, problem = self._held_message(q, e.client, e.bookmark, "cancel", e.delivery_count)
         if problem or msg is None:
             self._reject(e.client, e.request_id, problem or "")
         elif msg.state is MessageState.AVAILABLE:
@@ -94,7 +104,7 @@ class Acks(EnginePart):
         q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
-        msg, problem = self._held_message(q, e.client, e.bookmark, "expire")
+        msg, problem = self._held_message(q, e.client, e.bookmark, "expire", e.delivery_count)
         if problem or msg is None:
             self._reject(e.client, e.request_id, problem or "")
         elif msg.state is MessageState.SENT:
@@ -102,3 +112,26 @@ class Acks(EnginePart):
                                 reason=Reason.EXPIRE_REQUESTED.value))
         else:
             self._remove(q, msg, now, Reason.EXPIRE_REQUESTED)
+
+    def _extend(self, e: ev.Extended, now: int) -> None:
+        """Renew a lease the client holds, to now + the period asked (also past the queue's
+        lease_period); the reply carries the new deadline."""
+        q = self._queue(e.queue, e.client, e.request_id, e.principal)
+        if q is None:
+            return
+        msg, problem = self._held_message(q, e.client, e.bookmark, "extend", e.delivery_count)
+        if problem or msg is None:
+            self._reject(e.client, e.request_id, problem or "")
+        elif msg.state is not MessageState.LEASED:
+            self._reject(e.client, e.request_id, f"extend {e.bookmark}: lease lost: it has no "
+                                                 f"lease to extend ({msg.state.value})")
+        elif e.period_ms <= 0:
+            self._reject(e.client, e.request_id, f"extend {e.bookmark}: the period must be "
+                                                 f"more than 0 ms, not {e.period_ms}")
+        else:
+            deadline = now + e.period_ms
+            self._do(Transition(Kind.EXTENDED, q.name, now, msg.bookmark, sub_id=msg.holder,
+                                client=e.client, delivery_count=msg.delivery_count,
+                                deadline_ms=deadline))
+            if e.request_id:
+                self._out.append(Reply(e.client, e.request_id, {"deadline_ms": deadline}))

@@ -97,6 +97,8 @@ class Engine(Timers, Dispatcher, Acks, Admission):
                 self._cancel(event, now)
             case ev.ExpireRequested():
                 self._expire(event, now)
+            case ev.Extended():
+                self._extend(event, now)
             case ev.AckWhere():
                 self._ack_where(event, now)
             case ev.Configured():

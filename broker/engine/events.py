@@ -62,6 +62,8 @@ class Acked:
     bookmarks: tuple[Bookmark, ...]
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
+    # the delivery each ack answers, one per bookmark (0, or none given: whichever is current)
+    delivery_counts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,7 @@ class Cancelled:
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
     delay_ms: int | None = None  # available again after this (None: the queue's delay)
+    delivery_count: int = 0  # the delivery it answers (0: whichever is current)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,20 @@ class ExpireRequested:
     client: str
     queue: str
     bookmark: Bookmark
+    request_id: str = ""
+    principal: str | None = None  # who asks, for entitlements (default: client)
+    delivery_count: int = 0  # the delivery it answers (0: whichever is current)
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """Renew a lease: its deadline becomes now + `period_ms` (Kafka share groups: RENEW)."""
+
+    client: str
+    queue: str
+    bookmark: Bookmark
+    delivery_count: int
+    period_ms: int
     request_id: str = ""
     principal: str | None = None  # who asks, for entitlements (default: client)
 
@@ -117,6 +134,7 @@ Event = (
     | Acked
     | Cancelled
     | ExpireRequested
+    | Extended
     | AckWhere
     | Configured
     | Tick

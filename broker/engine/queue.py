@@ -229,6 +229,8 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
             assert t.bookmark is not None
             self.pending_acks.add(t.bookmark)
             return None
+        if t.kind is Kind.EXTENDED:
+            return self._extend(t)
         if t.kind is Kind.BROWSED:
             browser = self.browsers.get(t.sub_id or "")
             if browser is not None:
@@ -311,6 +313,15 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
                 if (t.kind is Kind.REMOVED and self.config.dead_letter_topic
                         and t.reason not in NOT_DEAD_LETTERED):
                     self.stats.dead_lettered += 1
+        return msg
+
+    def _extend(self, t: Transition) -> Message:
+        """A lease renewed: a later deadline (the timer of the earlier one finds it stale)."""
+        msg = self.messages.get(t.bookmark) if t.bookmark is not None else None
+        if msg is None or msg.state is not MessageState.LEASED or t.deadline_ms is None:
+            raise StateError(f"cannot extend {t.bookmark}: it is not leased in {self.name}")
+        msg.deadline_ms = t.deadline_ms
+        heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
         return msg
 
     def _subscribe(self, t: Transition) -> None:

@@ -27,6 +27,7 @@ class Kind(StrEnum):
     REMEMBERED = "remembered"  # an ack of a message not active yet, honoured on arrival
     CONFIGURED = "configured"  # a queue's recovery point: reason = as configured, timestamp_ms
     BROWSED = "browsed"  # a browser has been shown every message up to seq
+    EXTENDED = "extended"  # a lease renewed by its holder: deadline_ms is the new deadline
 
 
 # The message action each message-level kind performs.
@@ -72,7 +73,7 @@ class Transition:
     client: str | None = None
     delivery_count: int = 0
     cancel_count: int = 0
-    deadline_ms: int | None = None  # LEASED, SENT: of the lease; ENQUEUED: its own expiry
+    deadline_ms: int | None = None  # LEASED, SENT, EXTENDED: of the lease; ENQUEUED: expiry
     reason: str | None = None
     seq: int = 0  # ENQUEUED: arrival order within the queue
     timestamp_ms: int = 0  # ENQUEUED: the record's timestamp

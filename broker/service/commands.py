@@ -75,6 +75,10 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
             who: str | None) -> list[ev.Event | Query | Invalid]:
     queue = c["queue"] or ""
     bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
+    counts = tuple(c["delivery_counts"]) or (0,) * len(bookmarks)
+    if len(counts) != len(bookmarks):
+        return [Invalid(client, rid, f"{len(counts)} delivery counts for {len(bookmarks)} "
+                                     "bookmarks")]
     match kind:
         case "subscribe":
             if c["mode"] not in (None, "", "queue", "browse"):
@@ -91,16 +95,24 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
         case "heartbeat":
             return [ev.Heartbeat(client, who)]
         case "ack":
-            return [ev.Acked(client, queue, bookmarks, rid, who)]
+            return [ev.Acked(client, queue, bookmarks, rid, who, counts)]
         case "ack_where":
             return [ev.AckWhere(client, queue, c["filter"] or "", rid, who)]
         case "cancel":
             delay = c["delay_ms"]
             if delay is not None and delay < 0:
                 return [Invalid(client, rid, f"a cancel's delay must be >= 0 ms, not {delay}")]
-            return [ev.Cancelled(client, queue, b, rid, who, delay) for b in bookmarks]
+            return [ev.Cancelled(client, queue, b, rid, who, delay, n)
+                    for b, n in zip(bookmarks, counts, strict=True)]
         case "expire":
-            return [ev.ExpireRequested(client, queue, b, rid, who) for b in bookmarks]
+            return [ev.ExpireRequested(client, queue, b, rid, who, n)
+                    for b, n in zip(bookmarks, counts, strict=True)]
+        case "extend":
+            period = c["period_ms"]
+            if period is None or period <= 0:
+                return [Invalid(client, rid, f"an extend's period must be > 0 ms, not {period}")]
+            return [ev.Extended(client, queue, b, n, period, rid, who)
+                    for b, n in zip(bookmarks, counts, strict=True)]
         case "query":
             return [Query(client, rid, json.loads(c["query"] or "{}"))]
     return [Invalid(client, rid, f"unknown command type {kind!r}")]

@@ -176,10 +176,10 @@ def test_the_command_topic_not_the_record_says_who_sent_a_command(bootstrap, ent
         w.principal = f"auditor-{u}"  # a claim inside the record: not believed
         with pytest.raises(CommandError, match=f"'worker-{u}' may not read"):
             w.subscribe(f"SEC_{u}")
-        assert w._commands_topic == f"kq{u}.commands.worker-{u}"
+        assert w._io.commands_topic == f"kq{u}.commands.worker-{u}"
     # no command topic of its own: the shared one vouches for nobody
     with QueueClient(bootstrap, principal=f"stranger-{u}", topic_prefix=f"kq{u}") as s:
-        assert s._commands_topic == f"kq{u}.commands"
+        assert s._io.commands_topic == f"kq{u}.commands"
         s.principal = f"worker-{u}"
         with pytest.raises(CommandError, match="own command topic"):
             s.subscribe(f"PUB_{u}")
@@ -193,12 +193,12 @@ def test_a_worker_started_before_the_service_finds_its_command_topic(bootstrap, 
     cfg.write_text(cfg.read_text().replace("[[queue]]", f'[auth]\n"worker-{u}" = "^PUB_"\n'
                                            "[[queue]]", 1))
     with QueueClient(bootstrap, principal=f"worker-{u}", topic_prefix=f"kq{u}") as w:
-        assert w._commands_topic == f"kq{u}.commands"  # no service yet, no topic of its own
+        assert w._io.commands_topic == f"kq{u}.commands"  # no service yet, no topic of its own
         serve = ServeProcess(cfg, tmp_path / "serve.log").start()  # it creates the topic
         try:
             (bm,) = publish(bootstrap, f"PUB_{u}", [b'{"n": 1}'])
             (m,) = drain(w.subscribe(f"PUB_{u}"), 1)  # refused on the shared topic, then not
             assert m.bookmark == bm
-            assert w._commands_topic == f"kq{u}.commands.worker-{u}"
+            assert w._io.commands_topic == f"kq{u}.commands.worker-{u}"
         finally:
             serve.stop()

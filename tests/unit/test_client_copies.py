@@ -2,9 +2,8 @@
 that: the same bookmark enqueued again, or delivered again, is a new delivery."""
 
 import functools
-from collections import OrderedDict
 
-from broker.client import QueueClient, Subscription
+from broker.client.core import ClientCore, SubscriptionState
 
 
 def delivery(seq: int, delivery_count: int = 1) -> dict:
@@ -13,19 +12,14 @@ def delivery(seq: int, delivery_count: int = 1) -> dict:
             "headers": [], "timestamp_ms": 0}
 
 
-def offline_client() -> tuple[QueueClient, Subscription]:
-    client = QueueClient.__new__(QueueClient)  # no Kafka: only the routing of deliveries
-    sub = Subscription(client, "Q", "s1", 1)
-    client._subs, client._received = {"s1": sub}, OrderedDict()
-    return client, sub
-
-
 def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
-    client, sub = offline_client()
-    route = functools.partial(client._route_message, "s1", "Q", "json")
+    core = ClientCore("c", "c")  # no Kafka: only the routing of deliveries
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    route = functools.partial(core._deliver, "s1", "Q", "json")
     route(delivery(seq=3))
     route(delivery(seq=3))  # the same lease, sent again after a crash
     route(delivery(seq=3, delivery_count=2))  # delivered again: new
     route(delivery(seq=9))  # the bookmark enqueued again (a reset): new
-    assert [(m.bookmark, m.delivery_count) for m in sub._buffer] == [
+    assert [(m.bookmark, m.delivery_count) for m in sub.buffer] == [
         ("T/0/7", 1), ("T/0/7", 2), ("T/0/7", 1)]

@@ -1,0 +1,347 @@
+"""The client's protocol with the service, without I/O (the way h11 keeps HTTP apart from
+sockets): the sync client, the async client and `kq worker` each drive one `ClientCore` with
+their own Kafka transport.
+
+The core turns calls into command records (`Outgoing`: the partition of PREFIX.commands and
+the encoded bytes) and takes in the records of PREFIX.deliver.<name> (`receive`): deliveries go
+to their subscription's buffer (copies sent again after a service crash dropped), replies to
+the request waiting for them, refusals of commands nobody waits for to `errors` and
+`on_refused`, news of dropped subscriptions to the subscriptions. It batches acks: `ack`
+keeps one, `take_acks` gives the commands that carry them. Every ack, cancel, expire and
+extend names the delivery it answers (its delivery count), so the service never applies one
+to a later delivery of the same message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from broker import wire
+from broker.client.message import Message, decode_data, unpack_deliveries
+from broker.errors import CommandError
+from broker.shards import shard_by_name
+from broker.values import CLIENT_NAME, NOTICE, Duration
+
+log = logging.getLogger("kq.client")
+
+ACK_BATCH = 200  # acks carried by one command at most
+OWN_TOPIC_NEEDED = "own command topic"  # in the service's refusal of a shared-topic command
+RECEIVED_KEPT = 10_000  # deliveries remembered to drop a copy sent again after a crash
+
+
+class LeaseLost(CommandError):
+    """The lease a call answers is no longer this subscription's: it lapsed, was cancelled,
+    or the message was delivered again (to this worker or another)."""
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A command record to produce: to PREFIX.commands (or the principal's own topic),
+    partition `shard`."""
+
+    shard: int
+    value: bytes
+
+
+class SubscriptionState:
+    """What the core knows of one subscription; the sync and async `Subscription`s add the
+    waiting."""
+
+    def __init__(self, queue: str, sub_id: str, mode: str, asked: dict[str, Any]) -> None:
+        self.queue, self.sub_id, self.mode = queue, sub_id, mode
+        self.backlog = 0
+        self.schema: str | None = None  # the queue's Avro schema (format = "avro")
+        self.asked = asked  # the subscribe command's fields: sent again if it is dropped
+        self.confirmed = False  # the service answered the subscribe
+        self.lost: str | None = None  # why the service dropped it (until subscribed again)
+        self.failure: str | None = None  # why subscribing again was refused
+        self.closed = False
+        self.buffer: deque[Message] = deque()
+
+    def arrived(self) -> None:
+        """Messages were added to the buffer (the async subscription wakes its reader)."""
+
+    def dropped(self, reason: str) -> None:
+        """The service ended this subscription on its own (it heard nothing from this client
+        for its heartbeat timeout): the leases of messages not handed out yet went back to
+        the queue, so they are not handed out; the client subscribes again."""
+        self.lost = reason
+        self.buffer.clear()
+
+    def refused(self, error: str) -> None:
+        """Subscribing again was refused: reading messages raises it."""
+        self.failure, self.closed = error, True
+        self.arrived()
+
+
+def subscribe_command(queue: str, filter: str | None, max_backlog: int | None, mode: str,
+                      replay_period: str | None) -> dict[str, Any]:
+    """The fields of a subscribe command for these arguments of `subscribe` (kept: sent
+    again if the service drops the subscription); CommandError on a bad one."""
+    if mode not in ("queue", "browse"):
+        raise CommandError(f"unknown mode {mode!r}: use 'queue' or 'browse'")
+    replay_ms = None
+    if replay_period is not None:
+        if mode != "browse":
+            raise CommandError("replay_period applies to mode='browse' only")
+        replay_ms = duration_ms(replay_period, "replay_period")
+    if max_backlog is not None and (isinstance(max_backlog, bool)
+                                    or not isinstance(max_backlog, int)):
+        raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
+    return {"queue": queue, "filter": filter, "max_backlog": max_backlog, "mode": mode,
+            "replay_period_ms": replay_ms}
+
+
+def duration_ms(value: str | float, what: str) -> int:
+    """A duration given as text ("30s") or seconds (30.0), in ms; CommandError if bad."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value * 1000)
+    try:
+        return Duration.parse(str(value)).ms
+    except ValueError as exc:
+        raise CommandError(f"bad {what}: {exc}") from None
+
+
+class ClientCore:
+    """One client's state of the conversation with the service. Thread-safe: a worker's
+    handlers ack from several threads while one reads."""
+
+    def __init__(self, name: str, principal: str, message: type[Message] = Message,
+                 owner: Any = None, on_refused: Callable[[str], None] | None = None) -> None:
+        if not CLIENT_NAME.match(name):
+            raise ValueError(f"bad client name {name!r}: use 1-200 of A-Z a-z 0-9 . _ -")
+        self.name, self.principal = name, principal
+        self.message, self.owner = message, owner  # what deliveries become, bound to whom
+        self.on_refused = on_refused
+        self.errors: list[str] = []  # refusals of commands sent without waiting
+        self.shards = 1
+        self.queue_shards: dict[str, int] = {}  # queues whose shard the service told
+        self.subs: dict[str, SubscriptionState] = {}
+        self.heartbeat_s: float | None = None  # asked for by the service's replies
+        self._lock = threading.RLock()
+        self._received: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        self._chunks: dict[str, dict[int, dict[str, Any]]] = {}
+        self._waiting: set[str] = set()
+        # acks batched per queue, each with the delivery it answers
+        self._pending: dict[str, list[tuple[str, int]]] = {}
+
+    # -- commands --------------------------------------------------------------------------
+    def shard_of(self, queue: str) -> int:
+        return self.queue_shards.get(queue, shard_by_name(queue, self.shards))
+
+    def shards_used(self) -> set[int]:
+        """The shards of the queues subscribed to (client-wide commands go to each)."""
+        return {self.shard_of(sub.queue) for sub in list(self.subs.values())}
+
+    def command(self, kind: str, request_id: str = "", shard: int | None = None,
+                **fields: Any) -> list[Outgoing]:
+        """The records of one command; batched acks go first (a close, a cancel or an
+        unsubscribe must not overtake them)."""
+        out = self.take_acks() if kind != "ack" else []
+        record: dict[str, Any] = {
+            "type": kind, "client": self.name, "request_id": request_id, "queue": None,
+            "sub_id": None, "max_backlog": None, "filter": None, "mode": None, "bookmarks": [],
+            "query": None, "principal": self.principal, "replay_period_ms": None,
+            "delay_ms": None, "delivery_counts": [], "period_ms": None,
+            "sent_ms": int(time.time() * 1000)}
+        record.update(fields)
+        if shard is None:
+            sub = self.subs.get(record["sub_id"] or "")
+            queue = record["queue"] or (sub.queue if sub is not None else "")
+            shard = self.shard_of(queue)
+        out.append(Outgoing(shard, wire.encode("command", record)))
+        return out
+
+    def request(self, kind: str, shard: int | None = None,
+                **fields: Any) -> tuple[str, list[Outgoing]]:
+        """A command whose answer is awaited: its request id and records."""
+        rid = uuid.uuid4().hex
+        with self._lock:
+            self._waiting.add(rid)
+        return rid, self.command(kind, request_id=rid, shard=shard, **fields)
+
+    def answer(self, rid: str) -> tuple[str | None, dict[str, Any]] | None:
+        """The (error, body) that answered request `rid`, once it came (taken once)."""
+        with self._lock:
+            found = self._replies.pop(rid, None)
+            if found is not None:
+                self._waiting.discard(rid)
+            return found
+
+    def forget(self, rid: str) -> None:
+        """Stop waiting for `rid` (timed out): a late answer is dropped."""
+        with self._lock:
+            self._waiting.discard(rid)
+            self._replies.pop(rid, None)
+
+    def ack(self, msg: Message) -> bool:
+        """Keep an ack for the next batch; True when the batch is full (send it now)."""
+        with self._lock:
+            pending = self._pending.setdefault(msg.queue, [])
+            pending.append((msg.bookmark, msg.delivery_count))
+            return len(pending) >= ACK_BATCH
+
+    def acks_due(self, sub: SubscriptionState) -> bool:
+        """Half of the subscription's backlog acked: the service refills that half while
+        the other is worked on."""
+        return len(self._pending.get(sub.queue, ())) >= max(1, sub.backlog // 2)
+
+    def take_acks(self) -> list[Outgoing]:
+        with self._lock:
+            batches, self._pending = self._pending, {}
+        out = []
+        for queue, acks in batches.items():
+            for start in range(0, len(acks), ACK_BATCH):
+                part = acks[start:start + ACK_BATCH]
+                out += self.command("ack", queue=queue, bookmarks=[b for b, _ in part],
+                                    delivery_counts=[n for _, n in part])
+        return out
+
+    def settle(self, kind: str, msg: Message, request_id: str = "",
+               **fields: Any) -> list[Outgoing]:
+        """A cancel, expire, extend or lone ack of one delivery."""
+        return self.command(kind, request_id=request_id, queue=msg.queue,
+                            bookmarks=[msg.bookmark], delivery_counts=[msg.delivery_count],
+                            **fields)
+
+    # -- subscriptions ---------------------------------------------------------------------
+    def add(self, sub: SubscriptionState) -> None:
+        self.subs[sub.sub_id] = sub  # first: deliveries may beat the subscribe's reply
+
+    def subscribed(self, sub: SubscriptionState, body: dict[str, Any]) -> None:
+        """The service's answer to `sub`'s subscribe."""
+        sub.backlog = int(body.get("backlog", 0))
+        if isinstance(body.get("shard"), int):
+            self.queue_shards[sub.queue] = body["shard"]
+        if body.get("heartbeat_ms"):
+            beat = body["heartbeat_ms"] / 4000
+            self.heartbeat_s = beat if self.heartbeat_s is None else min(self.heartbeat_s, beat)
+        sub.confirmed, sub.lost = True, None
+
+    def remove(self, sub: SubscriptionState) -> None:
+        sub.closed = True
+        self.subs.pop(sub.sub_id, None)
+        sub.arrived()
+
+    def lost(self) -> list[SubscriptionState]:
+        """Subscriptions the service dropped, to subscribe again."""
+        return [s for s in list(self.subs.values()) if s.lost and not s.closed]
+
+    # -- what the service sends ------------------------------------------------------------
+    def receive(self, value: bytes | None) -> None:
+        """Take one record of this client's delivery topic."""
+        try:
+            env = wire.decode("envelope", value or b"")
+        except ValueError as exc:
+            log.warning("ignored an unreadable record on the delivery topic: %s", exc)
+            return
+        if env["kind"] == "messages":
+            for d in unpack_deliveries(env["batch"]):
+                self._deliver(env["sub_id"], env["queue"], env["format"], d)
+            return
+        if env["kind"] == "message":  # one message per record, as older services send
+            env["headers"] = [(h["key"], h["value"]) for h in env["headers"]]
+            self._deliver(env["sub_id"], env["queue"], env["format"], env)
+            return
+        rid = env["request_id"]
+        if rid == NOTICE and env["kind"] == "reply":
+            self._notice(json.loads(env["body"] or "{}"))
+        elif rid in self._waiting:
+            self._reply(rid, env["error"], json.loads(env["body"] or "{}"))
+        elif env["kind"] == "error" and not rid:
+            self.refused(env["error"])
+
+    def refused(self, error: str) -> None:
+        """A command sent without waiting was refused (a late ack, a cancel of a lapsed
+        lease): kept in `errors` and given to `on_refused`."""
+        log.warning("the service refused a command: %s", error)
+        self.errors.append(error)
+        if self.on_refused is not None:
+            try:
+                self.on_refused(error)
+            except Exception:  # noqa: BLE001 - the caller's callback must not stop reading
+                log.exception("on_refused raised")
+
+    def _notice(self, body: dict[str, Any]) -> None:
+        """News about this client's subscriptions: the service dropped some (it heard no
+        heartbeat in time), or a shard heard a heartbeat and holds none of them (the news
+        of a drop was lost to a crash). Those are subscribed again by the transport."""
+        if body.get("notice") == "dropped":
+            ids = set(body.get("sub_ids") or ())
+            subs, reason = [s for s in self.subs.values() if s.sub_id in ids], body.get("reason")
+        elif body.get("notice") == "no-subscriptions":
+            shard = body.get("shard")
+            subs = [s for s in self.subs.values()
+                    if s.confirmed and shard in (None, self.shard_of(s.queue))]
+            reason = "the service holds none of this client's"
+        else:  # a notice of a newer service
+            return
+        for sub in subs:
+            if not sub.closed and sub.lost is None:
+                log.warning("the kq service dropped subscription %s to %s (%s): subscribing "
+                            "again", sub.sub_id, sub.queue, reason)
+                sub.dropped(str(reason or ""))
+
+    def _reply(self, rid: str, error: str | None, body: dict[str, Any]) -> None:
+        """Keep a reply; a large one comes in chunks ({"chunk": i, "chunks": n, "rows": [...]}
+        with the other fields in chunk 0), kept once all are in, rows in order."""
+        sub = self.subs.get(body.get("sub_id") or "")
+        if sub is not None and body.get("mode") in ("queue", "browse"):
+            # what the service made of it (a nondestructive queue only browses) and the
+            # queue's Avro schema: known before the messages that follow the reply
+            sub.mode = body["mode"]
+            sub.schema = body.get("schema")
+        chunks = body.get("chunks")
+        with self._lock:
+            if error is not None or not chunks:
+                self._replies[rid] = (error, body)
+                return
+            parts = self._chunks.setdefault(rid, {})
+            parts[body["chunk"]] = body
+            if len(parts) == chunks:
+                del self._chunks[rid]
+                whole = {k: v for k, v in parts[0].items() if k not in ("chunk", "chunks")}
+                whole["rows"] = [row for i in range(chunks) for row in parts[i]["rows"]]
+                self._replies[rid] = (None, whole)
+
+    def _deliver(self, sub_id: str, queue: str, fmt: str, d: dict[str, Any]) -> None:
+        sub = self.subs.get(sub_id)
+        if sub is None:  # a delivery for a subscription of an earlier life of this name
+            return
+        # After a crash the service sends its last leases again, not knowing whether they
+        # went out: a copy of one already received (same message, same delivery count) is
+        # dropped. The queue's arrival number tells a bookmark enqueued again apart.
+        key = (sub_id, d["bookmark"], d["seq"], d["delivery_count"])
+        with self._lock:
+            if key in self._received:
+                return
+            self._received[key] = None
+            if len(self._received) > RECEIVED_KEPT:
+                self._received.popitem(last=False)
+        deadline = d["lease_deadline_ms"]
+        sub.buffer.append(self.message(
+            queue=queue, bookmark=d["bookmark"], data=decode_data(fmt, d["value"], sub.schema),
+            value=d["value"], key=d["key"], headers=d["headers"],
+            delivery_count=d["delivery_count"],
+            lease_deadline=None if deadline is None else deadline / 1000,
+            is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000,
+            _client=self.owner, browsed=sub.mode == "browse"))
+        sub.arrived()
+
+
+def refusal_error(error: str, settle: bool) -> CommandError:
+    """The exception for a refusal: `LeaseLost` for an answer to a delivery whose lease is
+    gone (`settle`: the command was an ack, cancel, expire or extend of one delivery)."""
+    if settle and ("lease lost" in error or "not in queue" in error
+                   or "not leased to" in error or "leased to another" in error):
+        return LeaseLost(error)
+    return CommandError(error)

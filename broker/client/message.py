@@ -1,0 +1,84 @@
+"""A delivered message (SPEC section 7), and the unpacking of the service's delivery
+envelopes into them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.formats import decode
+from broker.packed import split_blob, unpack_array, unpack_payload
+
+
+@dataclass
+class Message:
+    """One delivery of a message to a subscription.
+
+    `data` is the payload decoded by the queue's format (a dict for JSON objects and Avro;
+    None when it does not parse), `value` the raw bytes. `delivery_count` says which delivery
+    this is: `ack()`, `cancel()`, `expire()` and `extend()` answer this delivery only, and are
+    refused once its lease is gone (the message may be delivered again meanwhile)."""
+
+    queue: str
+    bookmark: str
+    data: Any
+    value: bytes | None
+    key: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    delivery_count: int
+    lease_deadline: float | None  # epoch seconds; None for at-most-once (no lease)
+    is_barrier: bool
+    timestamp: float  # the record's timestamp, epoch seconds
+    _client: Any = field(repr=False)
+    browsed: bool = False  # a copy shown to a browser: nothing is leased, nothing to ack
+
+    @property
+    def settles(self) -> bool:
+        """Whether acking means anything (barriers and browsed copies need no answer)."""
+        return not (self.is_barrier or self.browsed)
+
+    def ack(self, wait: bool = False) -> None:
+        """Acknowledge: the message is done. Batched with other acks unless `wait`; with
+        `wait`, sent now and confirmed, raising `LeaseLost` if the lease is gone. A refused
+        batched ack is reported in `client.errors` and to `on_refused`."""
+        if self.settles:
+            self._client._ack(self, wait)
+
+    def cancel(self, delay: str | float | None = None) -> None:
+        """Give the message back to the queue; with `delay` ("30s", or seconds) it is
+        available again only after that, instead of after the queue's redelivery delay."""
+        if not self.browsed:
+            self._client._cancel(self, delay)
+
+    def expire(self) -> None:
+        """Remove the message from the queue (dead-lettered with reason expire-requested)."""
+        if not self.browsed:
+            self._client._expire(self)
+
+    def extend(self, period: str | float) -> float:
+        """Renew the lease: its deadline becomes now + `period` ("30s", or seconds), also
+        past the queue's `lease_period`. Returns the new deadline (epoch seconds); raises
+        `LeaseLost` when the lease is no longer this subscription's."""
+        deadline: float = self._client._extend(self, period)
+        return deadline
+
+
+def unpack_deliveries(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The deliveries of a `messages` envelope's packed columns (broker/service/envelopes.py)."""
+    payloads = split_blob(batch["payloads"], unpack_array("i", batch["payload_sizes"]))
+    for bookmark, dc, deadline, seq, barrier, payload in zip(
+            batch["bookmarks"].split("\n"), unpack_array("i", batch["delivery_counts"]),
+            unpack_array("q", batch["lease_deadlines"]), unpack_array("q", batch["seqs"]),
+            batch["barriers"], payloads, strict=True):
+        key, value, headers, ts = unpack_payload(payload)
+        yield {"bookmark": bookmark, "delivery_count": dc, "lease_deadline_ms": deadline or None,
+               "is_barrier": bool(barrier), "seq": seq, "key": key, "value": value,
+               "headers": headers, "timestamp_ms": ts}
+
+
+def decode_data(fmt: str, value: bytes | None, schema: str | None) -> Any:
+    try:
+        return decode(fmt, value, schema)
+    except ValueError:
+        return None

@@ -1,0 +1,400 @@
+"""`QueueClient`: the subscriber client for threads (SPEC section 7), the Kafka transport of
+a `ClientCore`.
+
+Commands go to PREFIX.commands; messages and replies come back on PREFIX.deliver.<name>.
+Subscribing, batch acks, `extend` and `ack(wait=True)` wait for the service's answer and raise
+`CommandError` (`LeaseLost` for a lease that is gone) when it refuses; `msg.ack()`,
+`msg.cancel()` and `msg.expire()` are sent without waiting, and any refusal the service sends
+back is kept in `client.errors` and given to `on_refused`. `msg.ack()` is batched: the acks
+made while handling messages go out together when half the subscription's backlog is acked,
+when the subscriber next waits for messages, at the next heartbeat, on `flush()` or
+`close()`, or every ACK_BATCH acks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import TopicPartition
+
+from broker.client.core import (
+    OWN_TOPIC_NEEDED,
+    ClientCore,
+    Outgoing,
+    SubscriptionState,
+    duration_ms,
+    refusal_error,
+    subscribe_command,
+)
+from broker.client.message import Message
+from broker.errors import CommandError, KqError
+from broker.kafka import clients
+from broker.shards import join_answers
+
+log = logging.getLogger("kq.client")
+
+
+class Transport:
+    """The Kafka side of a client: the command producer and the delivery topic's reader.
+    Shared by `QueueClient` and `AsyncQueueClient` (which runs its blocking calls in a
+    thread)."""
+
+    def __init__(self, bootstrap_servers: str, name: str, topic_prefix: str, principal: str,
+                 kafka_config: dict[str, Any] | None) -> None:
+        self.prefix = topic_prefix
+        extra = dict(kafka_config or {})
+        clients.check_reachable(bootstrap_servers, extra)
+        self.deliver_topic = f"{topic_prefix}.deliver.{name}"
+        self.admin = clients.admin(bootstrap_servers, extra)
+        clients.ensure_topics(self.admin, [self.deliver_topic])
+        # Commands start on the shared topic; a service with [auth] refuses them there, and
+        # the client moves to its principal's own topic (see use_own_command_topic).
+        self.commands_topic = f"{topic_prefix}.commands"
+        self.own_commands_topic = f"{topic_prefix}.commands.{principal}"
+        # No idempotent producer: its start-up handshake costs ~0.5 s on some brokers, and one
+        # request in flight keeps commands in order just as well. Never creates the command
+        # topic by writing to it: the service makes it, one partition per shard.
+        self.producer = clients.producer(bootstrap_servers, extra, **{
+            "linger.ms": 1, "enable.idempotence": False,
+            "max.in.flight.requests.per.connection": 1, "allow.auto.create.topics": False})
+        self.consumer = clients.consumer(bootstrap_servers, extra)
+        start = clients.end_offset(self.consumer, self.deliver_topic, 0)
+        self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
+        self.read_lock = threading.Lock()
+
+    def shard_count(self) -> int:
+        """The command topic's partitions (the service makes it with one per shard); 1 while
+        no service has made it."""
+        return clients.topic_partitions(self.admin).get(f"{self.prefix}.commands", 1)
+
+    def send(self, records: list[Outgoing]) -> None:
+        for out in records:
+            self.producer.produce(self.commands_topic, out.value, partition=out.shard)
+        self.producer.poll(0)
+
+    def read(self, core: ClientCore, timeout: float) -> int:
+        """Give the core what the service sent within `timeout`; how many records came."""
+        with self.read_lock:
+            records = clients.take(self.consumer, 500, timeout)
+        for rec in records:
+            if not rec.error():
+                core.receive(rec.value())
+        return len(records)
+
+    def use_own_command_topic(self) -> bool:
+        """A service with [auth] keeps a command topic per principal (which Kafka ACLs can
+        reserve for it) and believes the topic, not the record: once it says so, use ours if
+        it exists. True when this switched to it."""
+        own = self.own_commands_topic
+        if self.commands_topic == own or own not in clients.topic_partitions(self.admin):
+            return False
+        self.commands_topic = own
+        return True
+
+
+def client_name(name: str | None) -> str:
+    return name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def principal_of(name: str, principal: str | None, kafka_config: dict[str, Any] | None) -> str:
+    """Who the client is for entitlements: as given, else the SASL user the Kafka connection
+    logs in as, else the client's name."""
+    return principal or str((kafka_config or {}).get("sasl.username") or name)
+
+
+class QueueClient:
+    """A connection to the kq service: subscribe to queues, ack, query. A context manager;
+    `close()` (or leaving the `with`) returns every lease held at once.
+
+    `name` must be unique per process (the delivery topic is PREFIX.deliver.<name>; one is
+    made up when not given). `on_refused(error)` is called with each refusal of a command
+    sent without waiting (a late ack), besides keeping it in `errors`."""
+
+    def __init__(self, bootstrap_servers: str, name: str | None = None, topic_prefix: str = "kq",
+                 kafka_config: dict[str, Any] | None = None, principal: str | None = None,
+                 request_timeout: float = 10.0, heartbeat_interval: float = 1.0,
+                 on_refused: Callable[[str], None] | None = None) -> None:
+        self.name = client_name(name)
+        self.principal = principal_of(self.name, principal, kafka_config)
+        self.core = ClientCore(self.name, self.principal, Message, self, on_refused)
+        self.request_timeout = request_timeout
+        self._prefix = topic_prefix
+        self._io = Transport(bootstrap_servers, self.name, topic_prefix, self.principal,
+                             kafka_config)
+        self.core.shards = self._io.shard_count()
+        self._closed = threading.Event()
+        self._heartbeat_s = heartbeat_interval
+        self._again: threading.Thread | None = None  # subscribing again what was dropped
+        self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="kq-heartbeat")
+        self._heartbeat.start()
+
+    @property
+    def errors(self) -> list[str]:
+        """Refusals of commands sent without waiting (late acks, cancels of lapsed leases)."""
+        return self.core.errors
+
+    # -- public API ------------------------------------------------------------------------
+    def subscribe(self, queue: str, filter: str | None = None, max_backlog: int | None = None,
+                  mode: str = "queue", replay_period: str | None = None) -> Subscription:
+        """Subscribe to a queue. mode="queue" leases messages (at most `max_backlog` at a
+        time, default 1); mode="browse" is shown a copy of every message in the queue and of
+        each new one, in arrival order, leasing nothing (with `replay_period`, e.g. "60s",
+        only those published within that period before now). Raises CommandError when the
+        service refuses (unknown queue, bad filter, not entitled)."""
+        if self.core.shards == 1:
+            self.core.shards = self._io.shard_count()  # the service may have made more
+        asked = subscribe_command(queue, filter, max_backlog, mode, replay_period)
+        sub = Subscription(self, queue, uuid.uuid4().hex, mode, asked)
+        self.core.add(sub)
+        try:
+            self._subscribe(sub)
+        except KqError:
+            self.core.subs.pop(sub.sub_id, None)
+            raise
+        return sub
+
+    def _subscribe(self, sub: SubscriptionState) -> None:
+        """Send `sub`'s subscribe command and take the answer (raise on a refusal)."""
+        body = self._request("subscribe", sub_id=sub.sub_id, **sub.asked)
+        self.core.subscribed(sub, body)
+        if self.core.heartbeat_s is not None:
+            self._heartbeat_s = min(self._heartbeat_s, self.core.heartbeat_s)
+
+    def ack(self, queue: str, bookmarks: Iterable[str]) -> None:
+        """Acknowledge many messages at once, by bookmark (whichever delivery each is in);
+        raise CommandError naming any refused."""
+        self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
+
+    def ack_where(self, queue: str, expression: str) -> int:
+        """Ack every active message of `queue` that `expression` matches (available ones,
+        and leased ones this client holds, or any with `leasing = "permissive"`); return
+        how many."""
+        return int(self._request("ack_where", queue=queue, filter=expression)["acked"])
+
+    def flush(self) -> None:
+        """Send every batched ack now, and wait until Kafka has them."""
+        self._io.send(self.core.take_acks())
+        self._io.producer.flush(self.request_timeout)
+
+    def query(self, **args: Any) -> dict[str, Any]:
+        """Ask the service about its state (what the CLI uses). A query about one queue goes
+        to its shard; one about all of them to every shard at once, the answers' lists joined
+        (a snapshot's parts come as `shards`, one per shard). Shards that do not answer in
+        time (no owner just now) are listed in `unanswered_shards`; when none answers, or a
+        snapshot misses one, it raises."""
+        shards = self.core.shards
+        if args.get("queue") or shards == 1:
+            return self._request("query", query=json.dumps(args))
+        answers = self._ask_shards("query", range(shards), query=json.dumps(args))
+        missing = [k for k in range(shards) if k not in answers]
+        if not answers or (missing and args.get("what") == "snapshot"):
+            raise KqError(f"no answer from shard(s) {', '.join(map(str, missing))} of the kq "
+                          f"service within {self.request_timeout}s (is each shard owned? see "
+                          "`kq instances`)")
+        if args.get("what") == "snapshot":
+            return {"shards": [answers[k] for k in sorted(answers)]}
+        return join_answers(answers, missing)
+
+    def shard_of(self, queue: str) -> int:
+        return self.core.shard_of(queue)
+
+    def close(self) -> None:
+        """Leave: every subscription ends and its leases return to the queues at once."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            out = self.core.take_acks()
+            for shard in self.core.shards_used():
+                out += self.core.command("close", shard=shard)
+            self._io.send(out)
+            self._io.producer.flush(5)
+        finally:
+            for sub in list(self.core.subs.values()):
+                self.core.remove(sub)
+            self._io.consumer.close()
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- what a Message calls --------------------------------------------------------------
+    def _ack(self, msg: Message, wait: bool) -> None:
+        if wait:
+            self._settle_waiting("ack", msg)
+        elif self.core.ack(msg):
+            self._io.send(self.core.take_acks())
+
+    def _cancel(self, msg: Message, delay: str | float | None) -> None:
+        delay_ms = None if delay is None else duration_ms(delay, "delay")
+        self._send(self.core.settle("cancel", msg, delay_ms=delay_ms))
+
+    def _expire(self, msg: Message) -> None:
+        self._send(self.core.settle("expire", msg))
+
+    def _extend(self, msg: Message, period: str | float) -> float:
+        body = self._settle_waiting("extend", msg, period_ms=duration_ms(period, "period"))
+        msg.lease_deadline = body["deadline_ms"] / 1000
+        return msg.lease_deadline
+
+    def _settle_waiting(self, kind: str, msg: Message, **fields: Any) -> dict[str, Any]:
+        try:
+            return self._request(kind, queue=msg.queue, bookmarks=[msg.bookmark],
+                                 delivery_counts=[msg.delivery_count], **fields)
+        except CommandError as exc:
+            raise refusal_error(str(exc), settle=True) from None
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _send(self, records: list[Outgoing]) -> None:
+        self._io.send(records)
+
+    def _pump(self, timeout: float) -> None:
+        self._io.read(self.core, timeout)
+
+    def _request(self, kind: str, **fields: Any) -> dict[str, Any]:
+        rid, records = self.core.request(kind, **fields)
+        try:
+            self._send(records)
+            self._io.producer.flush(self.request_timeout)
+            deadline = time.monotonic() + self.request_timeout
+            while (answer := self.core.answer(rid)) is None:
+                if time.monotonic() > deadline:
+                    raise KqError(f"no answer from the kq service to {kind} within "
+                                  f"{self.request_timeout}s (is `kq serve` running with topic "
+                                  f"prefix {self._prefix!r}?)")
+                self._pump(0.05)
+        finally:
+            self.core.forget(rid)
+        error, body = answer
+        if error is not None and OWN_TOPIC_NEEDED in error and self._io.use_own_command_topic():
+            return self._request(kind, **fields)
+        if error is not None:
+            raise CommandError(error)
+        return body
+
+    def _ask_shards(self, kind: str, shards: Iterable[int], **fields: Any) -> dict[int, Any]:
+        """One request to each shard, sent together and awaited together: the answers of
+        those that answered within the request timeout."""
+        asked = {}
+        for k in shards:
+            rid, records = self.core.request(kind, shard=k, **fields)
+            asked[rid] = k
+            self._send(records)
+        answers: dict[str, tuple[str | None, dict[str, Any]]] = {}
+        try:
+            self._io.producer.flush(self.request_timeout)
+            deadline = time.monotonic() + self.request_timeout
+            while len(answers) < len(asked) and time.monotonic() < deadline:
+                self._pump(0.05)
+                for rid in asked:
+                    if rid not in answers and (got := self.core.answer(rid)) is not None:
+                        answers[rid] = got
+        finally:
+            for rid in asked:
+                self.core.forget(rid)
+        errors = [error for error, _ in answers.values() if error is not None]
+        if any(OWN_TOPIC_NEEDED in e for e in errors) and self._io.use_own_command_topic():
+            return self._ask_shards(kind, asked.values(), **fields)
+        if errors:
+            raise CommandError(errors[0])
+        return {asked[rid]: body for rid, (_, body) in answers.items()}
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self._heartbeat_s):
+            if self.core.subs:
+                try:
+                    out = self.core.take_acks()
+                    for shard in self.core.shards_used():
+                        out += self.core.command("heartbeat", shard=shard)
+                    self._send(out)
+                    self._start_subscribing_again()
+                except Exception as exc:  # never let the heartbeat thread die silently
+                    log.warning("heartbeat failed: %s", exc)
+
+    def _start_subscribing_again(self) -> None:
+        """In a thread of its own: waiting for a shard without an owner must not hold up
+        the heartbeats of the others."""
+        if (self._again is None or not self._again.is_alive()) and self.core.lost():
+            self._again = threading.Thread(target=self._subscribe_again, daemon=True,
+                                           name="kq-subscribe-again")
+            self._again.start()
+
+    def _subscribe_again(self) -> None:
+        """Subscribe again what the service dropped, with the same id and what it asked
+        for. A refusal ends the subscription (its messages() raises it); no answer (no owner
+        for the shard just now) is tried again at the next heartbeat."""
+        for sub in self.core.lost():
+            try:
+                self._subscribe(sub)
+            except CommandError as exc:
+                log.error("subscribing again to %s was refused: %s", sub.queue, exc)
+                sub.refused(str(exc))
+                self.core.subs.pop(sub.sub_id, None)
+            except KqError as exc:
+                log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
+            else:
+                log.warning("subscribed again to %s", sub.queue)
+
+
+class Subscription(SubscriptionState):
+    """The messages of one queue for one `QueueClient`; a context manager (closing returns
+    its leases at once)."""
+
+    def __init__(self, client: QueueClient, queue: str, sub_id: str, mode: str = "queue",
+                 asked: dict[str, Any] | None = None) -> None:
+        super().__init__(queue, sub_id, mode, asked or {})
+        self.client = client
+
+    def messages(self, timeout: float | None = 5.0) -> Iterator[Message]:
+        """Yield messages as they arrive; stop after `timeout` seconds with nothing new
+        (None: wait until the subscription or the client is closed). Raise CommandError when
+        the service dropped this subscription and refused it again."""
+        client, core = self.client, self.client.core
+        quiet_since = time.monotonic()
+        while not self.closed and not client._closed.is_set():
+            if self.buffer:
+                if core.acks_due(self):  # the service refills while the rest is worked on
+                    client._send(core.take_acks())
+                try:
+                    msg = self.buffer.popleft()
+                except IndexError:  # another thread emptied it meanwhile (a drop notice)
+                    continue
+                yield msg
+                quiet_since = time.monotonic()
+                continue
+            left = 0.1 if timeout is None else timeout - (time.monotonic() - quiet_since)
+            if left <= 0:
+                return
+            client._send(core.take_acks())  # about to wait: send what was acked meanwhile
+            client._pump(min(left, 0.1))
+        if self.failure is not None:
+            raise CommandError(f"subscription to {self.queue!r} was dropped by the service and "
+                               f"could not be made again: {self.failure}")
+
+    def close(self) -> None:
+        """End the subscription; leases it holds return to the queue at once."""
+        if not self.closed:
+            self.closed = True
+            try:
+                self.client._request("unsubscribe", sub_id=self.sub_id)
+            finally:
+                self.client.core.remove(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
