@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 # journal_spark adds the Spark commands (report, audit) to journal.app
-from cli import inspect, journal, journal_spark, manual, serve  # noqa: F401
+from cli import inspect, journal, journal_spark, manual, serve, worker  # noqa: F401
 
 app = typer.Typer(
     name="kq",
@@ -25,6 +25,7 @@ app.command("recovery-points")(inspect.recovery_points)
 app.command()(manual.publish)
 app.command()(manual.consume)
 app.command()(manual.ack)
+app.command()(worker.worker)
 app.add_typer(journal.app, name="journal")
 
 if __name__ == "__main__":

@@ -40,14 +40,17 @@ class AsyncMessage(Message):
 
     async def ack(self, wait: bool = False) -> None:  # type: ignore[override]
         if self.settles:
+            self.answered = True
             await self._client._ack(self, wait)
 
     async def cancel(self, delay: str | float | None = None) -> None:  # type: ignore[override]
         if not self.browsed:
+            self.answered = True
             await self._client._cancel(self, delay)
 
     async def expire(self) -> None:  # type: ignore[override]
         if not self.browsed:
+            self.answered = True
             await self._client._expire(self)
 
     async def extend(self, period: str | float) -> float:  # type: ignore[override]

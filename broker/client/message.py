@@ -32,6 +32,7 @@ class Message:
     timestamp: float  # the record's timestamp, epoch seconds
     _client: Any = field(repr=False)
     browsed: bool = False  # a copy shown to a browser: nothing is leased, nothing to ack
+    answered: bool = field(default=False, repr=False)  # acked, cancelled or expired here
 
     @property
     def settles(self) -> bool:
@@ -43,17 +44,20 @@ class Message:
         `wait`, sent now and confirmed, raising `LeaseLost` if the lease is gone. A refused
         batched ack is reported in `client.errors` and to `on_refused`."""
         if self.settles:
+            self.answered = True
             self._client._ack(self, wait)
 
     def cancel(self, delay: str | float | None = None) -> None:
         """Give the message back to the queue; with `delay` ("30s", or seconds) it is
         available again only after that, instead of after the queue's redelivery delay."""
         if not self.browsed:
+            self.answered = True
             self._client._cancel(self, delay)
 
     def expire(self) -> None:
         """Remove the message from the queue (dead-lettered with reason expire-requested)."""
         if not self.browsed:
+            self.answered = True
             self._client._expire(self)
 
     def extend(self, period: str | float) -> float:

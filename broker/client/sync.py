@@ -90,6 +90,18 @@ class Transport:
                 core.receive(rec.value())
         return len(records)
 
+    def read_if_idle(self, core: ClientCore) -> None:
+        """Read what is there without waiting, unless another thread is reading: refusals
+        and notices arrive while the application is busy in a long job."""
+        if self.read_lock.acquire(blocking=False):
+            try:
+                records = clients.take(self.consumer, 500, 0)
+            finally:
+                self.read_lock.release()
+            for rec in records:
+                if not rec.error():
+                    core.receive(rec.value())
+
     def use_own_command_topic(self) -> bool:
         """A service with [auth] keeps a command topic per principal (which Kafka ACLs can
         reserve for it) and believes the topic, not the record: once it says so, use ours if
@@ -319,6 +331,7 @@ class QueueClient:
                     for shard in self.core.shards_used():
                         out += self.core.command("heartbeat", shard=shard)
                     self._send(out)
+                    self._io.read_if_idle(self.core)
                     self._start_subscribing_again()
                 except Exception as exc:  # never let the heartbeat thread die silently
                     log.warning("heartbeat failed: %s", exc)

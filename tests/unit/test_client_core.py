@@ -1,0 +1,75 @@
+"""The client's sans-I/O core, property-tested: whatever the order and repetition of what
+the service sends, and however acks are interleaved, each delivery is handed out once, each
+ack goes out once with the delivery it answers, and a reply in chunks is whole."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker import wire
+from broker.client.core import ACK_BATCH, ClientCore, SubscriptionState
+from broker.client.message import Message
+
+deliveries = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3)), max_size=60)
+
+
+def _core() -> tuple[ClientCore, SubscriptionState]:
+    core = ClientCore("c", "c")
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    return core, sub
+
+
+def _delivery(offset: int, count: int) -> dict:
+    return {"bookmark": f"T/0/{offset}", "seq": offset, "delivery_count": count,
+            "lease_deadline_ms": None, "is_barrier": False, "key": None, "value": b"{}",
+            "headers": [], "timestamp_ms": 0}
+
+
+@given(deliveries)
+def test_each_delivery_is_handed_out_once_in_arrival_order(sent):
+    core, sub = _core()
+    for offset, count in sent:
+        core._deliver("s1", "Q", "json", _delivery(offset, count))
+    firsts = list(dict.fromkeys(sent))
+    assert [(int(m.bookmark.rsplit("/", 1)[1]), m.delivery_count) for m in sub.buffer] == firsts
+
+
+@given(st.lists(st.tuples(st.sampled_from(["Q", "R"]), st.integers(0, 10_000),
+                          st.integers(1, 5)), max_size=700),
+       st.lists(st.integers(0, 700), max_size=5))
+def test_every_ack_goes_out_once_with_its_delivery_count(acks, takes_at):
+    core, _ = _core()
+    sent: list[dict] = []
+    for i, (queue, offset, count) in enumerate(acks):
+        msg = Message(queue, f"T/0/{offset}", None, None, None, [], count, None, False, 0, None)
+        if core.ack(msg) or i in takes_at:
+            sent += [wire.decode("command", o.value) for o in core.take_acks()]
+    sent += [wire.decode("command", o.value) for o in core.take_acks()]
+    assert all(c["type"] == "ack" and len(c["bookmarks"]) <= ACK_BATCH for c in sent)
+    out = [(c["queue"], b, n) for c in sent
+           for b, n in zip(c["bookmarks"], c["delivery_counts"], strict=True)]
+    assert sorted(out) == sorted((q, f"T/0/{o}", n) for q, o, n in acks)
+    for queue in ("Q", "R"):  # each queue's acks keep their order
+        assert [x for x in out if x[0] == queue] == [
+            (q, f"T/0/{o}", n) for q, o, n in acks if q == queue]
+
+
+@given(st.permutations(range(4)), st.lists(st.integers(), min_size=1, max_size=20))
+def test_a_reply_in_chunks_is_whole_in_any_order(order, rows):
+    core, _ = _core()
+    rid, _ = core.request("query", query="{}")
+    parts = [rows[i::4] for i in range(4)]
+    for i in order:
+        assert core.answer(rid) is None
+        core._reply(rid, None, {"chunk": i, "chunks": 4, "rows": parts[i], "what": "q"})
+    error, body = core.answer(rid)
+    assert error is None and body["what"] == "q"
+    assert body["rows"] == [r for part in parts for r in part]
+
+
+def test_a_command_after_acks_carries_them_first():
+    core, _ = _core()
+    core.ack(Message("Q", "T/0/1", None, None, None, [], 2, None, False, 0, None))
+    out = [wire.decode("command", o.value) for o in core.command("close", shard=0)]
+    assert [(c["type"], c["bookmarks"], c["delivery_counts"]) for c in out] == [
+        ("ack", ["T/0/1"], [2]), ("close", [], [])]
