@@ -58,9 +58,20 @@ def errors_to_exit_codes() -> Iterator[None]:
     except ConfigError as exc:
         fail(str(exc), EXIT_USAGE)
     except CommandError as exc:
-        fail(f"the service refused: {exc}")
+        # what the CLI sends is what the user typed (a queue, an expression, a state name):
+        # a refusal of it is a usage error, whichever side found it
+        fail(f"the service refused: {exc}", EXIT_USAGE)
     except KqError as exc:
         fail(str(exc))
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SPARK_EXTRA:
+            raise
+        fail(f"this command runs on Spark, which is not installed here (no module "
+             f"{exc.name!r}): pip install 'kafka-queues[spark]'")
+
+
+# the modules of the [spark] extra (pyproject.toml), which `kq serve` never needs
+SPARK_EXTRA = frozenset({"pyspark", "pyarrow", "pandas", "numpy", "matplotlib"})
 
 
 def print_json(data: Any) -> None:

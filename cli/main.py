@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
+
+import broker
 
 # journal_spark adds the Spark commands (report, audit) to journal.app
 from cli import inspect, journal, journal_spark, manual, serve, worker  # noqa: F401
@@ -14,6 +18,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"kq {broker.__version__} (kafka-queues)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print kq's version and exit.")]
+         = False) -> None:
+    """Message-queue semantics on Kafka: run the service, inspect queues, publish, consume."""
+
 
 app.command()(serve.serve)
 app.command()(serve.broker)

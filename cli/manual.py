@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json as jsonlib
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,23 +26,26 @@ from cli.common import (
 
 def publish(
     topic: Annotated[str, typer.Argument(help="Underlying Kafka topic to write to.")],
-    payload: Annotated[str, typer.Argument(help="The message: a JSON document.")],
+    payload: Annotated[str, typer.Argument(
+        help="The message: a JSON document, @FILE to read it from a file, or - to read it "
+             "from standard input.")],
     key: Annotated[str | None, typer.Option(help="Record key.")] = None,
     header: Annotated[list[str] | None, typer.Option(
         help="NAME=VALUE, repeatable (e.g. region=EU).")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """Publish one JSON message to a topic with a plain Kafka producer; print its bookmark."""
+    value = _payload(payload)
     try:
-        jsonlib.loads(payload)
+        jsonlib.loads(value)
     except ValueError as exc:
         fail(f"the payload is not JSON: {exc}", EXIT_USAGE)
     headers: list[tuple[str, str | bytes | None]] = []
     for h in header or []:
-        name, sep, value = h.partition("=")
+        name, sep, text = h.partition("=")
         if not sep:
             fail(f"bad --header {h!r}: use NAME=VALUE", EXIT_USAGE)
-        headers.append((name, value.encode()))
+        headers.append((name, text.encode()))
     cfg = load(config)
     bootstrap = bootstrap_of(bootstrap_servers, cfg)
     extra = dict(cfg.service.kafka)
@@ -55,7 +60,7 @@ def publish(
         else:
             result["error"] = err.str()
 
-    producer.produce(topic, payload.encode(), key.encode() if key else None, headers=headers,
+    producer.produce(topic, value, key.encode() if key else None, headers=headers,
                      on_delivery=on_delivery)
     producer.flush(15)
     if "bookmark" not in result:
@@ -64,6 +69,19 @@ def publish(
         console.print_json(jsonlib.dumps(result))
     else:
         console.print(f"published {result['bookmark']}")
+
+
+def _payload(given: str) -> bytes:
+    """The payload as given, or read from @FILE or standard input (-): a payload too large
+    for the shell's argument list, or one made by another program."""
+    if given == "-":
+        return sys.stdin.buffer.read()
+    if given.startswith("@"):
+        try:
+            return Path(given[1:]).read_bytes()
+        except OSError as exc:
+            fail(f"cannot read the payload file {given[1:]!r}: {exc.strerror}", EXIT_USAGE)
+    return given.encode()
 
 
 def consume(

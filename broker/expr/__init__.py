@@ -52,8 +52,12 @@ def compile_expression(text: str) -> Expression:
             isinstance(exc, UnexpectedToken) and exc.token.type == "$END")
         column = len(text) + 1 if at_end else (getattr(exc, "column", 0) or len(text) + 1)
         pointer = " " * (column - 1) + "^"
-        raise ExpressionError(
-            f"bad expression at column {column}: {text!r}\n  {text}\n  {pointer}") from None
+        word = text.strip().split(" ")[0].split("=")[0]
+        hint = (f"\n  (a field's path starts with '/': /{word}, not {word})"
+                if word.isidentifier() and column <= len(text) - len(text.lstrip()) + len(word)
+                else "")
+        raise ExpressionError(f"bad expression at column {column}: {text!r}\n  {text}\n  "
+                              f"{pointer}{hint}") from None
     except VisitError as exc:
         raise ExpressionError(f"bad expression {text!r}: {exc.orig_exc}") from None
     uses_time = any(t.data == "call" and str(t.children[0]).upper() == "NOW"

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import QueueClient
+from broker.config import load_config
 from tests.integration.kit import (
     KQ,
     ROOT,
     ServeProcess,
     config,
+    drain,
     ensure_topic,
     kq,
     publish,
@@ -65,13 +68,45 @@ def test_publish_queues_inspect_consume_subscribers(bootstrap, served):
 def test_inspect_of_unknown_queue_fails_with_the_services_message(served):
     _, cfg, _ = served
     out = kq("inspect", "NOPE", "--config", cfg)
-    assert out.returncode == 1 and "unknown queue 'NOPE'" in out.stderr
+    assert out.returncode == 2 and "unknown queue 'NOPE'" in out.stderr
 
 
 def test_publish_refuses_a_payload_that_is_not_json(served):
     name, cfg, _ = served
     out = kq("publish", name, "{not json", "--config", cfg)
     assert out.returncode == 2 and "not JSON" in out.stderr
+
+
+def test_publish_reads_a_large_payload_from_a_file_or_standard_input(bootstrap, served,
+                                                                    tmp_path):
+    name, cfg, _ = served
+    big = json.dumps({"blob": "x" * 300_000})  # over what a shell passes as an argument
+    (tmp_path / "big.json").write_text(big)
+    by_file = kq("publish", name, f"@{tmp_path / 'big.json'}", "--config", cfg, "--json")
+    by_stdin = subprocess.run([*KQ, "publish", name, "-", "--config", cfg, "--json"],
+                              input='{"n": 2}', capture_output=True, text=True, cwd=ROOT,
+                              timeout=30)
+    assert by_file.returncode == 0 and by_stdin.returncode == 0, by_file.stderr
+    with QueueClient(bootstrap, topic_prefix=load_config(cfg).service.topic_prefix) as c:
+        got = [m.data for m in drain(c.subscribe(name, max_backlog=2), 2)]
+    assert got == [json.loads(big), {"n": 2}]
+    missing = kq("publish", name, "@/no/such/file", "--config", cfg)
+    assert missing.returncode == 2 and "/no/such/file" in missing.stderr
+
+
+def test_what_the_user_typed_wrong_is_exit_2_whichever_side_finds_it(served):
+    name, cfg, _ = served
+    for args, said in [(("consume", name, "--filter", "sym = 'IBM'"), "/sym, not sym"),
+                       (("inspect", name, "--state", "leasd"), "leasd"),
+                       (("ack", name, "--where", "/a = "), "column"),
+                       (("journal", "grep", "--topics", name, "--where", "/a = "), "column")]:
+        out = kq(*args, "--config", cfg, timeout=60)
+        assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
+
+
+def test_version_names_the_distribution():
+    out = kq("--version")
+    assert out.returncode == 0 and "kafka-queues" in out.stdout
 
 
 def test_unreachable_kafka_exits_3_naming_the_address_after_the_connection_timeout(tmp_path):

@@ -66,7 +66,7 @@ def test_ack_where_by_client_and_cli_and_inspect_filter(bootstrap, served):
     assert out.returncode == 0 and json.loads(out.stdout)["acked"] == 1
     assert inspect() == []
     bad = kq("ack", name, "--where", "/status = ", "--config", str(cfg))
-    assert bad.returncode == 1 and "column" in bad.stderr
+    assert bad.returncode == 2 and "column" in bad.stderr
 
 
 def test_priorities_and_filters_survive_a_restart(bootstrap, served):

@@ -105,3 +105,8 @@ def test_an_expression_says_whether_it_reads_the_clock():
     assert compile_expression("/deadline < NOW()").uses_time
     assert compile_expression("ABS(now() - /t) > 5").uses_time
     assert not compile_expression("/sym = 'NOW'").uses_time
+
+
+def test_a_path_written_without_its_slash_is_pointed_out():
+    with pytest.raises(ExpressionError, match="path starts with '/': /sym, not sym"):
+        compile_expression("sym = 'IBM'")
