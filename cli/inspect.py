@@ -93,7 +93,7 @@ def inspect(
     s = data["summary"]
     console.print(f"[bold]{queue}[/]: depth {s['depth']}, available {s['available']}, "
                   f"held {s.get('held', 0)}, leased {s['leased']}, acked {s['acked']}, "
-                  f"removed {s['removed'] or 0}"
+                  f"removed {removed(s['removed'])}"
                   + (f", groups held {s['groups_held']}" if s.get("groups_held") else ""))
     now = time.time() * 1000
     render(console, MESSAGE_COLUMNS, [
@@ -109,6 +109,15 @@ def inspect(
                       "service[/]")
     elif data.get("truncated"):
         console.print(f"[dim]the oldest {shown} shown; --limit N for more[/]")
+
+
+def removed(by_reason: dict[str, int] | int | None) -> str:
+    """`3 (max-deliveries 2, expired 1)`: the count, and why, most first."""
+    if not isinstance(by_reason, dict):
+        return str(by_reason or 0)
+    total = sum(by_reason.values())
+    why = ", ".join(f"{r} {n}" for r, n in sorted(by_reason.items(), key=lambda x: -x[1]))
+    return f"{total} ({why})" if total else "0"
 
 
 def until(at_ms: int | None, now: float) -> str:

@@ -226,7 +226,11 @@ def _life(bm: Bookmark, src: Source, json: bool) -> None:
                           f"{[(h['key'], h.get('value')) for h in record['headers']]}")
             console.print(record.get("value", record.get("value_b64")), highlight=False,
                           markup=False)
-        render(console, DUMP_COLUMNS, [_transition_cells(r) for r in life])
+        # one bookmark's life: the bookmark is in the heading, not in every row
+        bookmark_col = DUMP_COLUMNS.index(next(c for c in DUMP_COLUMNS if c.header == "bookmark"))
+        render(console, [c for i, c in enumerate(DUMP_COLUMNS) if i != bookmark_col],
+               [[x for i, x in enumerate(_transition_cells(r)) if i != bookmark_col]
+                for r in life])
     if record is None and not life:
         raise typer.Exit(1)
 

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+SHORT = 12  # a column no wider than this is shown whole
+
 
 @dataclass(frozen=True)
 class Col:
@@ -49,9 +51,12 @@ def _table(columns: Sequence[Col], rows: Sequence[Sequence[str]], shown: list[in
                   title_justify="left")
     for i in shown:
         c = columns[i]
-        width = max([len(c.header), *(len(r[i]) for r in rows)]) if c.key else None
-        table.add_column(c.header, justify="right" if c.number else "left", no_wrap=c.key,
-                         min_width=width)
+        natural = max([len(c.header), *(len(r[i]) for r in rows)])
+        # names are never cut, and short columns (kinds, counts) never squeezed to nothing:
+        # rich takes the room it lacks from the long free-text ones
+        short = natural <= SHORT
+        table.add_column(c.header, justify="right" if c.number else "left",
+                         no_wrap=c.key or short, min_width=natural if c.key or short else None)
     for r in rows:
         table.add_row(*(r[i] for i in shown))
     return table

@@ -33,7 +33,7 @@ from broker.engine.effects import (
     Resume,
 )
 from broker.engine.engine import Engine
-from broker.engine.transitions import Transition
+from broker.engine.transitions import Reason, Transition
 from broker.errors import CommandError, StateError
 from broker.formats import load_schema
 from broker.kafka import clients
@@ -312,6 +312,8 @@ class Service:
             match effect:
                 case Journal(transition=t, message=msg):
                     batch.cp.add(t, msg)
+                    if t.reason == Reason.TOO_LARGE.value:
+                        self._say_too_large(t.queue, t.bookmark)
                 case Deliver():
                     self._deliver(effect, batch)
                 case DeadLetter():
@@ -329,6 +331,16 @@ class Service:
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
+
+    def _say_too_large(self, queue: str, bm: Bookmark | None) -> None:
+        """A record no delivery could carry is removed at once: an operator must hear it."""
+        q = self.engine.queues[queue]
+        where = (f"dead-lettered to {q.config.dead_letter_topic} without its value"
+                 if q.config.dead_letter_topic else "dropped (the queue has no dead_letter_topic)")
+        log.warning("queue %s: %s is larger than the largest record kq may deliver (%d bytes: "
+                    "the broker's message.max.bytes less kq's envelope); %s. Raise the "
+                    "broker's and the topics' max.message.bytes to deliver such records",
+                    queue, bm, self.engine.max_message_bytes, where)
 
     # -- effects ---------------------------------------------------------------------------
     def _payload(self, bm: Bookmark, batch: _Batch, queue: str) -> Payload:

@@ -270,7 +270,8 @@ def allow_large_records(bootstrap: str, topic: str, size: int) -> None:
         future.result(10)
 
 
-def test_a_5mb_message_is_dead_lettered_as_too_large(bootstrap, broker_kind, svc):
+def test_a_5mb_message_is_dead_lettered_as_too_large_and_the_log_says_so(
+        bootstrap, broker_kind, svc, caplog):
     if broker_kind != "embedded":
         allow_large_records(bootstrap, svc.queue, 10_000_000)
     p = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 10_000_000})
@@ -281,6 +282,8 @@ def test_a_5mb_message_is_dead_lettered_as_too_large(bootstrap, broker_kind, svc
                     timeout=20, what="the too-large dead letter")
     assert dead[0].value() is None
     assert dict(dead[0].headers())["kq-original-size"] == b"5000000"
+    said = [r.getMessage() for r in caplog.records if "larger than the largest" in r.getMessage()]
+    assert said and svc.queue in said[0] and f"dead-lettered to {svc.dlq}" in said[0]
     still_serving(bootstrap, svc)
 
 

@@ -46,3 +46,24 @@ def test_message_and_subscriber_tables_keep_bookmarks_and_clients_whole_at_80():
         text = shown(columns, rows, 80)
         assert "…" not in text and all(len(li) <= 80 for li in text.splitlines())
         assert all(cell in text for cell in rows[0][:2])
+
+
+def test_inspects_header_counts_removals_by_reason_in_words():
+    from cli.inspect import removed
+
+    assert removed({"expired": 1, "max-deliveries": 2}) == "3 (max-deliveries 2, expired 1)"
+    assert removed({}) == "0" and removed(None) == "0" and removed(4) == "4"
+
+
+def test_short_columns_are_never_squeezed_away_at_80_columns():
+    from rich.console import Console
+
+    from cli.journal import DUMP_COLUMNS
+    from cli.tables import render
+
+    console = Console(width=80, record=True)
+    row = ("12", "345", "2026-11-25 05:00:01.123", "enqueued", "ORDERS_ANALYTICS_long",
+           "orders.incoming/0/123456", "worker-host-1234-abcdef", "1", "0", "-")
+    render(console, DUMP_COLUMNS, [row])
+    text = console.export_text()
+    assert "kind" in text and "enqueued" in text and "ORDERS_ANALYTICS_long" in text
