@@ -6,6 +6,8 @@ kq rules that span keys and turns every failure into one `ConfigError` naming qu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import socket
 import tomllib
@@ -292,6 +294,14 @@ class Config(_Strict):
                                  f"{self.service.shards} (shards are numbered 0 to "
                                  f"{self.service.shards - 1})")
         return self
+
+    def digest(self) -> str:
+        """A fingerprint of what every instance sharing the topic prefix must agree on: the
+        shard count and every queue's definition (not per-instance keys such as data_dir)."""
+        shared = {"shards": self.service.shards,
+                  "queues": [q.model_dump(mode="json") for q in self.queue]}
+        return hashlib.sha256(json.dumps(shared, sort_keys=True, default=str).encode()
+                              ).hexdigest()[:16]
 
     def shard_of(self, queue: str) -> int:
         """The shard that owns a queue: its `shard` key, else a stable hash of its name."""

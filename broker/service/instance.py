@@ -92,6 +92,7 @@ class Instance:
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,
                                  me=self._status())
         try:
+            self._check_same_config()
             self._check_name_before_joining()
         except ConfigError:
             self.board.close(0)
@@ -165,6 +166,32 @@ class Instance:
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
+
+    def _check_same_config(self) -> None:
+        """Instances of one topic prefix share the shards, so they must share the queues: a
+        second config on the prefix with other queues would have each instance serve queues
+        the other does not know. Refused before joining the group."""
+        now = int(time.time() * 1000)
+        mine = self.config.digest()
+        for other in self.board.latest.values():
+            if (other.instance == self.name or not other.config_digest
+                    or other.config_digest == mine or not other.live(now, self.board.timeout_ms)):
+                continue
+            ours, theirs = set(self.config.queues), set(other.queues)
+            if ours == theirs:  # a rolling change of queue settings: allowed, but said
+                log.warning("instance %s (host %s) serves topic prefix %r with the same queues "
+                            "defined differently; fine while a config change rolls out, not "
+                            "for long", other.instance, other.host, self.topics.prefix)
+                continue
+            differ = "; ".join(filter(None, [
+                f"queues only here: {', '.join(sorted(ours - theirs))}" if ours - theirs else "",
+                f"queues only there: {', '.join(sorted(theirs - ours))}" if theirs - ours else "",
+            ]))
+            raise ConfigError(
+                f"instance {other.instance} (host {other.host}, pid {other.pid}) serves topic "
+                f"prefix {self.topics.prefix!r} with other queues ({differ}). Instances of "
+                "one topic prefix share its shards, so they must have the same [[queue]] "
+                "tables: give this config a topic_prefix of its own, or the same queues")
 
     def _check_name_before_joining(self) -> None:
         """A live record of this name from another run, read at start, comes from a run
@@ -349,7 +376,8 @@ class Instance:
                     for s, sb in self.standbys.items()})
         return InstanceStatus(self.name, sorted(self.runners), sorted(self.standbys), lag,
                               int(time.time() * 1000), stopped, self.incarnation,
-                              self.started_ms, socket.gethostname(), os.getpid())
+                              self.started_ms, socket.gethostname(), os.getpid(),
+                              self.config.digest(), sorted(self.config.queues))
 
     def _publish_status(self) -> None:
         status = self._status()

@@ -41,6 +41,10 @@ class InstanceStatus:
     started_ms: int = 0
     host: str = ""
     pid: int = 0
+    # what every instance of one topic prefix must agree on (broker.config.Config.digest):
+    # the shard count and the queues' definitions ("" from older kq)
+    config_digest: str = ""
+    queues: list[str] = field(default_factory=list)
 
     def live(self, now_ms: int, timeout_ms: int) -> bool:
         return not self.stopped and now_ms - self.at_ms <= timeout_ms
@@ -53,7 +57,8 @@ def decode(value: bytes | None) -> InstanceStatus | None:
                               dict(raw.get("lag") or {}), int(raw["at_ms"]),
                               bool(raw.get("stopped")), str(raw.get("incarnation") or ""),
                               int(raw.get("started_ms") or 0), str(raw.get("host") or ""),
-                              int(raw.get("pid") or 0))
+                              int(raw.get("pid") or 0), str(raw.get("config_digest") or ""),
+                              list(raw.get("queues") or []))
     except (ValueError, KeyError, TypeError):
         return None
 

@@ -242,6 +242,28 @@ def test_a_second_process_with_an_instance_name_in_use_stops_with_exit_2(bootstr
         first.stop()
 
 
+def test_a_config_with_other_queues_on_a_prefix_in_use_stops_with_exit_2(bootstrap, tmp_path):
+    """Two configs on one topic prefix, each with queues of its own: the second instance
+    used to wait at "joining group" saying nothing; it stops before joining, naming the
+    instance and the queues that differ."""
+    cfg, q0, q1 = _two_queues(bootstrap, tmp_path, "cfg")
+    first = _instance(cfg, tmp_path, "a")
+    other_cfg = tmp_path / "other.toml"
+    other_cfg.write_text(cfg.read_text().replace(f'name = "{q1}"', 'name = "ELSEWHERE"'))
+    other = ServeProcess(other_cfg, tmp_path / "other.log")
+    try:
+        _owned_by(cfg, {q0: "a", q1: "a"}, 30)
+        other.start(wait_ready=False, KQ_INSTANCE="b", KQ_DATA_DIR=str(tmp_path / "b"))
+        assert other.wait_exit(60) == 2
+        said = " ".join(other.log_path.read_text().split())
+        assert "instance a" in said and "queues only here: ELSEWHERE" in said
+        assert f"queues only there: {q1}" in said and "joining group" not in said
+        assert first.proc.poll() is None
+    finally:
+        other.stop()
+        first.stop()
+
+
 def _replayed_at_takeover(log: Path, shard: int) -> int:
     """Journal batches the last restore of `shard` replayed, as its "ready" line says."""
     said = [line for line in log.read_text().splitlines() if f"ready: shard {shard}," in line]
