@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?= ops/queues.example.toml
 
-.PHONY: run test install install-test lint bench clean
+.PHONY: run test install install-test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ install: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 
 install-test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[test,spark,docs]'
 
 run: install
 	$(BIN)/kq serve --config $(CONFIG)
@@ -24,16 +24,21 @@ run: install
 # Every test that talks to a broker runs twice: on the embedded broker and on Apache Kafka
 # (Java 17 and Maven; skipped with the reason where they are missing, a failure in CI).
 # The 15 slowest tests are listed at the end: the suite must stay under 30 minutes.
-test: install-test
+test: install-test docs
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 lint: install-test
 	$(BIN)/ruff check broker cli tests ops
 	$(BIN)/mypy broker cli
 
+# The documentation site, into site/: strict, so a broken link or a missing page fails it.
+# The configuration and CLI references are generated from the code as it builds.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
+
 bench: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python ops/bench.py
 
 clean:
-	rm -rf $(VENV) kq-data .pytest_cache .hypothesis
+	rm -rf $(VENV) kq-data .pytest_cache .hypothesis site

@@ -51,49 +51,116 @@ def _duration(value: Any) -> Duration:
 DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # the docstring under each field is its description in the configuration reference
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class QueueConfig(_Strict):
     """One `[[queue]]` table."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    """The queue's name (A-Z a-z 0-9 . _ -). Without `underlying_topic` the queue reads the
+    topic of this name."""
     underlying_topic: str | None = None
+    """A regular expression: the queue reads every topic whose name it matches (e.g.
+    `^orders\\.`). Default: the topic named like the queue."""
     default_publish_target: str | None = None
+    """Where records written to a topic named exactly like the queue go, when the queue reads
+    other topics (`underlying_topic`). Default: `NAME_DIRECT` then."""
     semantics: Literal["at-least-once", "at-most-once"] = "at-least-once"
+    """at-least-once: a message is leased and must be acked, or it is delivered again.
+    at-most-once: a message leaves the queue when it is sent and is never delivered again."""
     lease_period: DurationField = Duration(60_000)
+    """How long a subscriber holds a message before it goes back to the queue unanswered
+    (renewable with `msg.extend`)."""
     max_deliveries: int = Field(0, ge=0)
+    """A message delivered this many times whose last lease lapses is removed (dead-lettered
+    with reason max-deliveries). 0: no limit."""
     max_cancels: int = Field(0, ge=0)
+    """A message cancelled more often than this is removed (reason max-cancels). 0: no
+    limit."""
     expiration: DurationField | None = None
+    """A message still queued this long after its record's timestamp is removed (reason
+    expired); a `kq-expiration` header (ms) sets a message's own. Default: never."""
     max_per_subscription_backlog: int = Field(10, ge=1)
+    """The most messages one subscription may hold at once, whatever its `max_backlog`."""
     fairness: Literal["fast", "round-robin", "proportional"] | None = None
+    """How messages are shared among subscribers: proportional to their free backlog
+    (the default for at-least-once), round-robin (the default and only choice for
+    at-most-once), or fast (the first with room)."""
     leasing: Literal["strict", "permissive"] = "strict"
+    """strict: only the lease holder may ack, cancel or expire a message. permissive: any
+    subscriber of the queue may."""
     recovery_point: str = "earliest"
+    """Where a new queue starts reading its topics: earliest, latest, or an ISO-8601 time
+    (records published before it are not enqueued)."""
     dead_letter_topic: str | None = None
+    """Removed messages (too many deliveries or cancels, expired, too large, rejected) are
+    copied here with kq-* headers saying why. Default: dropped."""
     format: Literal["json", "bytes", "avro"] = "json"
-    # Accepted by the schema so the error can say "not supported yet" instead of "unknown key".
+    """How payloads are decoded for filters, expressions and `msg.data`."""
     priority: str | None = None
+    """An expression computing each message's priority: higher first, arrival order among
+    equals."""
     priority_levels: int | None = Field(None, ge=2, le=10)
+    """A Qpid priority queue of this many levels (2-10): a priority 0-9 from `priority`,
+    else the `kq-priority` header (4 when absent), collapsed onto the levels, highest
+    first."""
     barrier_expression: str | None = None
+    """An expression marking barrier messages: a barrier waits until every message before it
+    is finished, then is sent to every subscriber."""
     target_queue_depth: int | None = Field(None, ge=1)
+    """Read the underlying topics only while fewer than this many messages are queued
+    (AMPS TargetQueueDepth): the rest waits in Kafka."""
     sort_key: str | None = None
+    """A sorted queue: an expression whose value orders delivery, ascending (numbers before
+    strings)."""
     missing_sort_key: Literal["first", "last"] | None = None
+    """With `sort_key`: where messages without a sort key go. Default: first."""
     lvq_key: str | None = None
+    """A last-value queue: an expression naming each message's key; a newer message with
+    the same key replaces an available older one (reason replaced)."""
     group_key: str | None = None
+    """Message groups: an expression naming each message's group; a group's messages are
+    delivered one at a time, in order."""
     group_mode: Literal["sticky", "shared"] | None = None
-    hold_on_publish: StrictBool = False  # honour kq-not-before (broker.engine.holds)
+    """With `group_key`: sticky keeps a group with one subscriber while it holds any of its
+    messages; shared lets any subscriber take the next. Default: sticky."""
+    hold_on_publish: StrictBool = False
+    """Honour the `kq-not-before` header (epoch ms): a message is held until then (Qpid's
+    hold-until)."""
     max_messages: int | None = Field(None, ge=1)
-    max_bytes: int | None = Field(None, ge=1)  # key + value + headers (broker.engine.admission)
+    """The most messages the queue holds; over it, `overflow_policy` decides."""
+    max_bytes: int | None = Field(None, ge=1)
+    """The most bytes (key + value + headers) the queue holds; over it, `overflow_policy`
+    decides."""
     overflow_policy: Literal["none", "ring", "reject", "flow-control"] = "none"
+    """Over max_messages or max_bytes: ring removes the oldest available, reject removes the
+    newcomer, flow-control asks publishers to pause (PREFIX.flow)."""
     min_ttl: DurationField | None = None
+    """Raise every message's time to live (from `kq-expiration` or `expiration`) to at
+    least this."""
     max_ttl: DurationField | None = None
-    nondestructive: bool = False  # every subscription browses (Qpid)
-    default_replay_period: DurationField | None = None  # a browser's replay_period by default
-    redelivery_delay: DurationField | None = None  # a returned message waits (holds)
+    """Lower every message's time to live to at most this (also the time to live of
+    messages that have none)."""
+    nondestructive: bool = False
+    """Every subscription browses: messages are shown, never leased or taken (Qpid's
+    nondestructive queues)."""
+    default_replay_period: DurationField | None = None
+    """A browser's `replay_period` when it gives none."""
+    redelivery_delay: DurationField | None = None
+    """A message given back (lapsed, cancelled) is held this long before it is available
+    again (`msg.cancel(delay=...)` sets it for one return). Default: at once."""
     redelivery_backoff: Literal["fixed", "exponential"] = "fixed"
+    """With `redelivery_delay`: fixed, or exponential (doubled for each delivery before the
+    last)."""
     max_redelivery_delay: DurationField | None = None
+    """With exponential backoff: the longest delay."""
     schema_: str | None = Field(None, alias="schema")
-    shard: int | None = Field(None, ge=0)  # else a stable hash of the name (broker.shards)
+    """With `format = "avro"`: the path of the .avsc schema of the payloads."""
+    shard: int | None = Field(None, ge=0)
+    """The shard that owns the queue (0 to shards - 1). Default: a stable hash of its
+    name."""
 
     @field_validator("priority", "barrier_expression", "lvq_key", "sort_key", "group_key")
     @classmethod
@@ -240,20 +307,41 @@ class ServiceConfig(_Strict):
     """The `[service]` table."""
 
     bootstrap_servers: str | None = None
+    """Kafka's address (host:port,...). Default: none, and `kq serve` starts the embedded
+    broker (`--bootstrap-servers` or env KQ_BOOTSTRAP_SERVERS override it)."""
     data_dir: str = "./kq-data"
+    """Where the RocksDB state of this instance's shards lives (`kq serve --data-dir` or env
+    KQ_DATA_DIR override it)."""
     topic_prefix: str = Field("kq", pattern=r"^[A-Za-z0-9._-]+$")
+    """The prefix of kq's own topics (PREFIX.commands, PREFIX.journal, PREFIX.deliver.*, ...)
+    and of its consumer group."""
     metrics_port: int = Field(9464, ge=0, le=65535)
+    """The Prometheus /metrics port. 0: none."""
     heartbeat_timeout: DurationField = Duration(10_000)
-    exactly_once: StrictBool = False  # Kafka transactions around each commit (service.commit)
-    # RocksDB's block caches and memtables together stay within this (e.g. "64MiB", "1GB")
+    """A client not heard from this long is dropped: its leases go back to the queues."""
+    exactly_once: StrictBool = False
+    """Wrap each commit (journal, deliveries, dead letters) in a Kafka transaction."""
     memory_budget: ByteSize = Field(ByteSize(64 * 1024 * 1024), ge=16 * 1024 * 1024)
+    """What RocksDB's block caches and memtables may use together (e.g. "64MiB", "1GB");
+    at least 16 MiB."""
     kafka: dict[str, str | int | bool] = Field(default_factory=dict)
+    """The `[service.kafka]` table: librdkafka settings for every Kafka client of the
+    service (security, tuning; `group.protocol` = classic or consumer). Settings kq decides
+    itself are refused by name."""
     # Scale-out (SPEC 12): the queues are split into `shards`, each owned by one instance of
     # the consumer group PREFIX.service at a time; fixed once the journal exists.
     shards: int = Field(1, ge=1, le=256)
+    """How many shards the queues are split into (1-256), each owned by one instance at a
+    time. Fixed once the journal exists."""
     instance: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    """This instance's name, unique among the instances of a topic prefix (`kq serve
+    --instance` or env KQ_INSTANCE override it). Default: the host name."""
     session_timeout: DurationField = Duration(10_000)
+    """How long the other instances wait for a silent instance before they take its shards
+    (Kafka's group session timeout)."""
     standby_replicas: int = Field(0, ge=0, le=1)
+    """1: the next instance keeps each shard's state warm, so that a takeover replays only
+    the journal's last second."""
 
     @field_validator("kafka")
     @classmethod
@@ -269,8 +357,12 @@ class Config(_Strict):
     """The whole file."""
 
     service: ServiceConfig = Field(default_factory=ServiceConfig)  # type: ignore[arg-type]
+    """The `[service]` table."""
     auth: dict[str, str] = Field(default_factory=dict)
+    """The `[auth]` table: principal = regular expression of the queues it may use. With
+    it, each principal sends commands on a topic of its own (PREFIX.commands.PRINCIPAL)."""
     queue: tuple[QueueConfig, ...] = ()
+    """The `[[queue]]` tables, one per queue."""
 
     @model_validator(mode="after")
     def _rules(self) -> Config:

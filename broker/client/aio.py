@@ -106,6 +106,7 @@ class AsyncQueueClient:
 
     @classmethod
     async def connect(cls, bootstrap_servers: str, **kw: Any) -> AsyncQueueClient:
+        """A connected client (the arguments are those of the constructor)."""
         client = cls(bootstrap_servers, **kw)
         await client.start()
         return client
@@ -152,12 +153,16 @@ class AsyncQueueClient:
         return sub
 
     async def ack(self, queue: str, bookmarks: list[str]) -> None:
+        """Acknowledge many messages at once, by bookmark; raise CommandError naming any
+        refused."""
         await self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
 
     async def ack_where(self, queue: str, expression: str) -> int:
+        """Ack every active message of `queue` that `expression` matches; how many."""
         return int((await self._request("ack_where", queue=queue, filter=expression))["acked"])
 
     async def flush(self) -> None:
+        """Send every batched ack now, and wait until Kafka has them."""
         io = self._transport()
         await asyncio.to_thread(io.send, self.core.take_acks())
         await asyncio.to_thread(io.producer.flush, self.request_timeout)
@@ -327,6 +332,7 @@ class AsyncSubscription(SubscriptionState):
                                f"could not be made again: {self.failure}")
 
     async def close(self) -> None:
+        """End the subscription; leases it holds return to the queue at once."""
         if not self.closed:
             self.closed = True
             try:
