@@ -5,7 +5,7 @@ outgrows the record size limit."""
 import pytest
 
 from broker import wire
-from broker.client import unpack_deliveries
+from broker.client.message import unpack_deliveries
 from broker.engine.queue import Message
 from broker.engine.states import MessageState
 from broker.service.envelopes import Envelopes
