@@ -120,3 +120,31 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
 def queue_row_of(cfg, queue: str) -> dict:
     rows = json.loads(kq("queues", "--config", str(cfg), "--json").stdout)
     return next(r for r in rows if r["queue"] == queue)
+
+
+def test_a_renewed_lease_outlives_a_kill_9_of_the_service(bootstrap, tmp_path):
+    """`msg.extend` is journaled: a restarted service keeps the renewed deadline, instead of
+    lapsing the lease at the queue's lease_period."""
+    u = uid()
+    name = f"EXT_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
+                       extra='lease_period = "2s"\n')
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"w-{u}") as worker:
+            sub = worker.subscribe(name)
+            publish(bootstrap, name, [b'{"job": "long"}'])
+            (msg,) = drain(sub, 1)
+            renewed = msg.extend("60s")
+            serve.proc.kill()  # kill -9 just after the renewal was answered
+            serve.proc.wait()
+            serve.start()
+            time.sleep(max(0.0, msg.timestamp + 4 - time.time()))  # past the 2 s lease
+            rows = json.loads(kq("inspect", name, "--json", "--config", str(cfg)).stdout)
+            (row,) = rows["messages"]
+            assert (row["state"], row["delivery_count"]) == ("leased", 1)
+            assert abs(row["lease_deadline_ms"] / 1000 - renewed) < 1
+            msg.ack(wait=True)
+    finally:
+        serve.stop()
