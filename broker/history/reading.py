@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,13 +64,15 @@ def topic_records(c: Consumer, spans_: list[Span], since_ms: int | None,
                   until_ms: int | None, where: Expression | None,
                   progress: Progress | None = None) -> Iterator[Any]:
     """Records of underlying topics in a time range that the expression matches, partition
-    by partition, each in offset order."""
+    by partition, each in offset order. `NOW()` in the expression is the time the read
+    began, the same for every record."""
+    now_ms = int(time.time() * 1000)
     for topic, p, lo, end in spans_:
         for rec in _counted(records(c, topic, p, lo, end), topic, p, progress):
             ts = rec.timestamp()[1]
             if since_ms is not None and ts < since_ms or until_ms is not None and ts >= until_ms:
                 continue
-            if where is None or where.matches(doc_of(rec.value(), headers_of(rec))):
+            if where is None or where.matches(doc_of(rec.value(), headers_of(rec), now_ms)):
                 yield rec
 
 
@@ -93,7 +96,8 @@ def matching_topics(bootstrap: str, kafka: dict[str, Any], pattern: str) -> list
     return sorted(t for t in names if rx.search(t))
 
 
-def doc_of(value: bytes | None, headers: list[tuple[str, bytes | None]]) -> Doc:
+def doc_of(value: bytes | None, headers: list[tuple[str, bytes | None]],
+           now_ms: int = 0) -> Doc:
     """What `--where` sees of a record: its JSON payload (paths are NULL when the value is
     not JSON) and its headers, which work on any payload."""
     data = None
@@ -102,7 +106,7 @@ def doc_of(value: bytes | None, headers: list[tuple[str, bytes | None]]) -> Doc:
             data = json.loads(value)
         except ValueError:
             data = None
-    return Doc(data, dict(headers))
+    return Doc(data, dict(headers), now_ms)
 
 
 def text_or_b64(name: str, raw: bytes | None) -> dict[str, Any]:

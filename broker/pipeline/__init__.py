@@ -1,6 +1,6 @@
 """The Spark pipeline (SPEC section 9): data sources for journals and underlying topics, and
 the report, audit and replay jobs. Imported only by the commands that use Spark: `kq serve`
-never pays for it. Needs `pip install 'kq[spark]'` (pyspark, pyarrow, matplotlib)."""
+never pays for it. Needs `pip install 'kafka-queues[spark]'` (pyspark, pyarrow, matplotlib)."""
 
 from __future__ import annotations
 

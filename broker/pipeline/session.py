@@ -18,7 +18,7 @@ def spark_session(master: str | None = None, app: str = "kq") -> Any:
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise KqError("Spark is not installed: pip install 'kq[spark]'") from None
+        raise KqError("Spark is not installed: pip install 'kafka-queues[spark]'") from None
     from broker.pipeline import register
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -112,6 +112,11 @@ def test_grep_shows_a_bookmarks_record_and_life_and_searches_topics(bootstrap, t
         hits = lines(kq("journal", "grep", "--topics", f"^{name}$", "--where",
                         "/qty > 4 AND header('region') = 'US'", "--config", str(cfg), "--json"))
         assert [h["value"] for h in hits] == ['{"sym": "MSFT", "qty": 7}']
+        # NOW() is the wall clock in seconds (it was 0 here once)
+        recent = lines(kq("journal", "grep", "--topics", f"^{name}$", "--where",
+                          "/qty > 4 AND NOW() > 1700000000", "--config", str(cfg), "--json"))
+        assert [h["value"] for h in recent] == ['{"sym": "IBM", "qty": 5}',
+                                                '{"sym": "MSFT", "qty": 7}']
         by_header = lines(kq("journal", "grep", "--topics", f"^{name}$", "--where",
                              "header('region') = 'US'", "--config", str(cfg), "--json"))
         assert base64.b64decode(by_header[1]["value_b64"]) == b"\xff\xfe not utf-8"
