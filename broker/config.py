@@ -50,6 +50,16 @@ def _duration(value: Any) -> Duration:
 
 DurationField = Annotated[Duration, BeforeValidator(_duration)]
 
+
+def _retention(value: Any) -> Duration | None:
+    if value is None or value == "forever":
+        return None
+    return _duration(value)
+
+
+# a duration, or "forever" (None)
+RetentionField = Annotated[Duration | None, BeforeValidator(_retention)]
+
 class _Strict(BaseModel):
     # the docstring under each field is its description in the configuration reference
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -339,9 +349,30 @@ class ServiceConfig(_Strict):
     session_timeout: DurationField = Duration(10_000)
     """How long the other instances wait for a silent instance before they take its shards
     (Kafka's group session timeout)."""
+    snapshot_interval: DurationField = Duration(300_000)
+    """How often each shard writes a snapshot of its state (every unfinished message with
+    its payload, leases and counts) to the compacted topic PREFIX.snapshots; also on a clean
+    stop. A restore without local state loads the newest and replays only the journal after
+    it."""
+    journal_retention: RetentionField = Duration(7 * 86_400_000)
+    """How long PREFIX.journal keeps its records (its `retention.ms`); `"forever"` keeps
+    them all. At least twice `snapshot_interval`: a restore needs the journal after the
+    newest snapshot."""
     standby_replicas: int = Field(0, ge=0, le=1)
     """1: the next instance keeps each shard's state warm, so that a takeover replays only
     the journal's last second."""
+
+    @model_validator(mode="after")
+    def _journal_outlives_snapshots(self) -> ServiceConfig:
+        if self.snapshot_interval.ms < 1000:
+            raise ValueError(f"snapshot_interval = {self.snapshot_interval}: at least 1s")
+        retention = self.journal_retention
+        if retention is not None and retention.ms < 2 * self.snapshot_interval.ms:
+            raise ValueError(
+                f"journal_retention = {retention} is shorter than twice snapshot_interval "
+                f"({self.snapshot_interval}): a restore reads the journal after the newest "
+                f"snapshot, so keep it at least {Duration(2 * self.snapshot_interval.ms)}")
+        return self
 
     @field_validator("kafka")
     @classmethod

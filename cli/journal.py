@@ -119,7 +119,8 @@ def dump(
     queue: Annotated[str | None, typer.Option(help="Only this queue's transitions.")] = None,
     kind: Annotated[list[str] | None, typer.Option(
         help="Only this kind (repeatable): enqueued, leased, sent, acked, returned, removed, "
-             "released, subscribed, unsubscribed, configured, remembered, browsed, extended.")] = None,
+             "released, subscribed, unsubscribed, configured, remembered, browsed, "
+             "extended.")] = None,
     bookmark: Annotated[str | None, typer.Option(help="Only this message's transitions.")] = None,
     since: SinceOpt = None, until: UntilOpt = None,
     limit: Annotated[int | None, typer.Option(help="At most this many rows.")] = None,

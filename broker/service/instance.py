@@ -86,7 +86,7 @@ class Instance:
         admin = clients.admin(self.bootstrap, extra)
         commands = [self.topics.commands,
                     *(self.topics.commands_of(p) for p in self.config.auth)]
-        prepare_topics(admin, self.topics, commands, svc.shards)
+        prepare_topics(admin, self.topics, commands, svc)
         topics = TopicWatch(admin, {self.topics.journal, *commands}, every_s=STATUS_EVERY_S)
         session_ms = svc.session_timeout.ms
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,

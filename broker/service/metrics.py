@@ -7,7 +7,7 @@ from collections import Counter as Counter_
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
@@ -41,6 +41,21 @@ class Metrics:
         self.lag = Gauge("kq_shard_lag_records", "Records behind: an owner's unread input "
                          "records, a standby's unapplied journal records",
                          ["shard", "kq_instance", "role"], registry=self.registry)
+
+        # a bounded journal (SPEC 14)
+        self.snapshots = Counter("kq_snapshots_written", "Snapshots written to "
+                                 "PREFIX.snapshots", ["shard"], registry=self.registry)
+        self.snapshot_seconds = Histogram(
+            "kq_snapshot_write_seconds", "How long writing a snapshot took", ["shard"],
+            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120), registry=self.registry)
+        self.snapshot_bytes = Gauge("kq_snapshot_bytes", "Size of the newest snapshot",
+                                    ["shard"], registry=self.registry)
+        self.snapshot_journal_offset = Gauge(
+            "kq_snapshot_journal_offset", "The journal offset the newest snapshot reflects",
+            ["shard"], registry=self.registry)
+        self.lost_to_retention = Counter(
+            "kq_records_lost_to_retention", "Records of underlying topics deleted by their "
+            "retention before kq read them", ["topic"], registry=self.registry)
 
     def shards_status(self, instance: str, shards: int, status: Any) -> None:
         self.shards.set(shards)

@@ -21,6 +21,7 @@ from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
 from broker.service.journal import BatchAssembler, Part, transitions_in
+from broker.service.snapshots import restore
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -30,6 +31,7 @@ from broker.state.layout import (
     load_payload,
     load_positions,
 )
+from broker.state.snapshot import Seen
 from broker.state.store import Store
 
 log = logging.getLogger("kq.recovery")
@@ -49,12 +51,14 @@ class Recovered:
     # before the crash (commit steps 2-3 are pipelined), so the service sends them again
     # (the client drops a copy it already has).
     unsent: list[Transition] = field(default_factory=list)
+    # the shard's snapshots as the restore saw them (None: it used the local state)
+    seen: Seen | None = None
 
 
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
             write_marker, now: int, fetcher: Consumer,  # noqa: ANN001
             partition: int = 0, stopping: Callable[[], bool] = lambda: False,
-            ) -> Recovered | None:
+            snapshot_topic: str | None = None) -> Recovered | None:
     """Bring `engine` and `store` to the last committed batch of the journal.
 
     `consumer` reads the journal; `fetcher`, another consumer, reads back the records of
@@ -62,11 +66,16 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     None when `stopping()` turned true first (the group took the shard away during a long
     restore): what was replayed so far is in the store as after a crash mid-restore, and
     the instance is not held up until the end of a restore it no longer needs.
+    Without usable local state, the newest snapshot on `snapshot_topic` is loaded first
+    (broker.service.snapshots.restore), and only the journal after it is replayed.
     """
     started = time.monotonic()
+    meta = load_meta(store)
+    seen = None
+    if snapshot_topic is not None:
+        meta, seen = restore(store, consumer, snapshot_topic, partition, journal_topic, meta)
     load_engine(store, engine, now)
     positions = load_positions(store)
-    meta = load_meta(store)
     marker_offset = write_marker(uuid.uuid4().hex)
     if marker_offset <= meta["offset"]:
         raise StateError(
@@ -115,7 +124,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
         log.info("replayed %d journal batches (%d transitions) into the local state in "
                  "%.1f s: %.0f transitions/s", replay.batches, replay.transitions, took,
                  replay.transitions / max(took, 1e-9))
-    return Recovered(positions, next_batch, replay.batches, unsent)
+    return Recovered(positions, next_batch, replay.batches, unsent, seen)
 
 
 class JournalTail:

@@ -50,7 +50,8 @@ from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.service.shard_io import ShardIO
-from broker.service.topics import Topics
+from broker.service.snapshots import SnapshotWriter
+from broker.service.topics import Topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_payload
 from broker.state.store import Store
 from broker.values import NOTICE, Bookmark
@@ -112,6 +113,7 @@ class Service:
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
         self._trimmed = False  # freed memory handed back since the last input
         self.ready = threading.Event()
+        self._snapshots: SnapshotWriter | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -134,9 +136,14 @@ class Service:
                                         fence=fence)
             rec = recover(store, self.engine, io.consumer, self.topics.journal,
                           self._committer.write_marker, now_ms(), fetcher=io.commands,
-                          partition=self.shard, stopping=self._stop.is_set)
+                          partition=self.shard, stopping=self._stop.is_set,
+                          snapshot_topic=self.topics.snapshots)
             if rec is None:  # stopped during the restore
                 return
+            self._snapshots = SnapshotWriter(
+                store, self.bootstrap, dict(svc.kafka), self.topics.snapshots, self.shard,
+                shard_dir(svc.data_dir, self.shard) / "snapshot", svc.snapshot_interval.seconds,
+                self.metrics, seen=rec.seen)
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(io.consumer, io.commands, io.admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
@@ -150,7 +157,10 @@ class Service:
             while not self._stop.is_set():
                 self._step()
             self._committer.flush_held()
+            self._snapshots.write_now()  # a clean stop: the next owner starts from here
         finally:
+            if self._snapshots is not None:
+                self._snapshots.close()  # before the store it reads is closed
             io.close()
             # Drop every client now: a broker being stopped waits for open connections.
             self._committer = None  # type: ignore[assignment]
@@ -241,6 +251,8 @@ class Service:
             self._trimmed = True
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)
+        assert self._snapshots is not None
+        self._snapshots.maybe_start()
         took = time.monotonic() - started
         if took > SLOW_BATCH_S:
             log.info("slow batch: %d records, %d transitions, %d deliveries; %.0f ms "

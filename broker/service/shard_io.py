@@ -38,7 +38,7 @@ class ShardIO:
         clients.check_reachable(bootstrap, extra)
         admin = clients.admin(bootstrap, extra)
         topics = Topics(svc.topic_prefix)
-        prepare_topics(admin, topics, command_topics, svc.shards)
+        prepare_topics(admin, topics, command_topics, svc)
         pager = None
         if store is None:  # RocksDB: each shard gets its part of the memory budget,
             budget = int(svc.memory_budget) // svc.shards  # half for state, half for pager

@@ -14,13 +14,14 @@ from typing import TypeVar
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from broker.config import ServiceConfig
 from broker.errors import ConfigError, StateError
 from broker.kafka import clients
+from broker.service.retention import SNAPSHOT_TOPIC, apply_journal_retention, journal_settings
 
 log = logging.getLogger("kq.topics")
 T = TypeVar("T")
 
-KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
 @dataclass
@@ -51,6 +52,11 @@ class Topics:
         return f"{self.prefix}.flow"
 
     @property
+    def snapshots(self) -> str:
+        """Each shard's snapshots (compacted), one partition per shard (SPEC 14)."""
+        return f"{self.prefix}.snapshots"
+
+    @property
     def instances(self) -> str:
         """What each `kq serve` instance serves, keyed by instance name (`kq instances`)."""
         return f"{self.prefix}.instances"
@@ -62,9 +68,11 @@ def shard_dir(data_dir: str | Path, shard: int) -> Path:
 
 
 def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str],
-                   shards: int) -> None:
-    """Create kq's own topics: the journal and each command topic with one partition per
-    shard. The journal fixes the shard count: a config asking for another is refused."""
+                   svc: ServiceConfig) -> None:
+    """Create kq's own topics: the journal, the snapshots and each command topic with one
+    partition per shard. The journal fixes the shard count: a config asking for another is
+    refused. The journal's retention is set and checked (broker.service.retention)."""
+    shards = svc.shards
     existing = clients.topic_partitions(admin)
     journal = existing.get(topics.journal)
     if journal is not None and journal != shards and not any(
@@ -86,8 +94,12 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
                 f"[service] shards = {shards}, but the command topic {topic} has {have} "
                 "partitions: clients would send commands to partitions no shard reads. "
                 f"Set shards = {have}, or start afresh with another topic_prefix")
-    # The journal is the state: a new queue state is rebuilt from all of it.
-    clients.ensure_topics(admin, [topics.journal], partitions=shards, config=KEEP_FOREVER)
+    # The journal and the newest snapshot are the state: a restore loads the one and
+    # replays the other after it.
+    clients.ensure_topics(admin, [topics.journal], partitions=shards,
+                          config=journal_settings(svc))
+    apply_journal_retention(admin, topics.journal, svc)
+    clients.ensure_topics(admin, [topics.snapshots], partitions=shards, config=SNAPSHOT_TOPIC)
     clients.ensure_topics(admin, command_topics, partitions=shards)
     clients.ensure_topics(admin, [topics.flow, topics.instances])
     # a client may have created a command topic first, with one partition

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Checkpoint,
+    Options,
+    Rdict,
+    WriteBatch,
+)
 
 from broker.errors import StateError
 
@@ -31,13 +40,31 @@ def bounded_options(memory_budget: int) -> Options:
 
 
 class RocksStore:
-    def __init__(self, path: str | Path, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: str | Path, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 read_only: bool = False, remove_on_close: bool = False) -> None:
+        self._path = Path(path)
+        self._remove_on_close = remove_on_close
         options = bounded_options(memory_budget)
         try:
-            self._db = Rdict(str(path), options)
+            if read_only:
+                self._db = Rdict(str(path), options, access_type=AccessType.read_only())
+            else:
+                self._path.mkdir(parents=True, exist_ok=True)
+                self._db = Rdict(str(path), options)
         except Exception as exc:  # rocksdict raises plain Exception on a held lock
             raise StateError(f"cannot open the state store at {path}: {exc}") from None
+
+    def frozen(self, where: Path) -> RocksStore:
+        """A RocksDB checkpoint (hard links to the table files, the memtable flushed first),
+        opened read-only. rocksdict's snapshots cannot be iterated consistently (its
+        iterators ignore the snapshot), so a checkpoint it is."""
+        shutil.rmtree(where, ignore_errors=True)  # left by a crash mid-snapshot
+        Checkpoint(self._db).create_checkpoint(str(where))
+        return RocksStore(where, 8 * 1024 * 1024, read_only=True, remove_on_close=True)
+
+    def clear(self) -> None:
+        # every key starts with a letter (broker.state.layout)
+        self._db.delete_range(b"\x00", b"\xff")
 
     def get(self, key: bytes) -> bytes | None:
         value = self._db.get(key)
@@ -60,3 +87,5 @@ class RocksStore:
 
     def close(self) -> None:
         self._db.close()
+        if self._remove_on_close:
+            shutil.rmtree(self._path, ignore_errors=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Protocol
 
 
@@ -15,6 +16,15 @@ class Store(Protocol):
 
     def write(self, puts: Mapping[bytes, bytes], deletes: Iterable[bytes]) -> None:
         """Apply all puts and deletes atomically: all of them land or none."""
+        ...
+
+    def frozen(self, where: Path) -> Store:
+        """A read-only copy of the store as it is now (a consistent point between writes),
+        made under `where` (a directory that must not exist) and gone when closed."""
+        ...
+
+    def clear(self) -> None:
+        """Delete everything."""
         ...
 
     def close(self) -> None: ...
@@ -35,6 +45,14 @@ class MemoryStore:
         for key in deletes:
             self._data.pop(key, None)
         self._data.update(puts)
+
+    def frozen(self, where: Path) -> Store:
+        copy = MemoryStore()
+        copy._data = dict(self._data)
+        return copy
+
+    def clear(self) -> None:
+        self._data.clear()
 
     def close(self) -> None:
         pass

@@ -1,9 +1,12 @@
-"""The RocksDB directory is lost between runs: every queue is rebuilt from Kafka, identically."""
+"""The RocksDB directory is lost between runs: every queue is rebuilt from Kafka, identically:
+from the newest snapshot and the journal after it, or (no snapshot: a journal written before
+kq had them) from the whole journal."""
 
 import json
 import shutil
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from broker.client import QueueClient
 from tests.integration.kit import (
@@ -33,7 +36,20 @@ def state_of(cfg, queues):
     return out
 
 
-def test_deleting_data_dir_rebuilds_identical_state(bootstrap, tmp_path):
+def forget_snapshots(bootstrap, prefix):
+    """Delete the snapshot topic (kq creates it again, empty)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([f"{prefix}.snapshots"])[f"{prefix}.snapshots"].result(30)
+
+
+REBUILT = {"snapshot": "loaded snapshot", "journal": "rebuilding every queue from the journal"}
+# kill -9 half way through the restore, in the middle of what it writes to RocksDB
+CRASH = {"snapshot": {"KQ_CRASH_IN_SNAPSHOT": "load"},
+         "journal": {"KQ_TEST_REPLAY_CHUNK": "5", "KQ_CRASH_IN_REPLAY": "1"}}
+
+
+@pytest.mark.parametrize("source", ["snapshot", "journal"])
+def test_deleting_data_dir_rebuilds_identical_state(bootstrap, tmp_path, source):
     u = uid()
     alo, amo = f"LOST_{u}", f"LOSTAMO_{u}"
     for t in (alo, amo):
@@ -64,22 +80,27 @@ def test_deleting_data_dir_rebuilds_identical_state(bootstrap, tmp_path):
             states = {m["state"] for q in before.values() for m in q["messages"]}
             assert states == {"available", "leased", "sent"}
             assert any(m["cancel_count"] for m in before[alo]["messages"])
-            serve.stop()
+            serve.stop()  # a clean stop writes a snapshot
             shutil.rmtree(tmp_path / "state")
+            if source == "journal":
+                forget_snapshots(bootstrap, f"kq{u}")
             serve.start()
             after = state_of(cfg, [alo, amo])
             assert after == before
-            assert "rebuilding every queue from the journal" in serve.log_path.read_text()
-            # Again, killed after the first of its writes (of 5 transitions each) and started
-            # again: it carries on from that write, and ends in the same state.
+            assert REBUILT[source] in serve.log_path.read_text()
+            # Again, killed half way through the restore and started again: it carries on
+            # (from the journal: from its last write) and ends in the same state.
             serve.stop()
             shutil.rmtree(tmp_path / "state")
-            serve.start(wait_ready=False, KQ_TEST_REPLAY_CHUNK="5", KQ_CRASH_IN_REPLAY="1")
+            if source == "journal":
+                forget_snapshots(bootstrap, f"kq{u}")
+            serve.start(wait_ready=False, **CRASH[source])
             assert serve.wait_exit() == -9
             serve.start()
             assert state_of(cfg, [alo, amo]) == before
         log = serve.log_path.read_text()
-        assert log.count("rebuilding every queue from the journal") == 2  # not a third time
-        assert "KQ_CRASH_IN_REPLAY: killing myself" in log
+        assert log.count(REBUILT[source]) == 2  # not a third time: the crash came first
+        assert "killing myself" in log
+        assert REBUILT["journal" if source == "snapshot" else "snapshot"] not in log
     finally:
         serve.stop()
