@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from confluent_kafka import Consumer, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -59,6 +60,10 @@ class Inputs:
         self._paused: set[tuple[str, int]] = set()
         self._catch_up: dict[str, int] | None = None  # command topic -> its end at start
         self._catch_up_until = 0.0
+        # (topic, partition) -> the offset the next source record should have, where kq
+        # read up to it before: a record further on means records in between went missing
+        self._expected: dict[tuple[str, int], int] = {}
+        self.on_lost: Callable[[str, int, int, int], None] = lambda *_: None
 
     def start(self) -> None:
         p = self.command_partition
@@ -126,6 +131,27 @@ class Inputs:
                 total += high - tp.offset
         return total
 
+    def arrived(self, topic: str, partition: int, offset: int) -> None:
+        """A source record came: records skipped before it that the topic's retention
+        deleted are reported (`on_lost`). Offsets also skip transaction markers, aborted
+        records and compacted ones, so only what lies below the partition's first offset
+        counts as lost."""
+        key = (topic, partition)
+        expected = self._expected.get(key)
+        self._expected[key] = offset + 1
+        if expected is None or offset <= expected:
+            return
+        low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                      cached=True)
+        if low is None or low <= expected:  # maybe not known yet: ask the broker
+            try:
+                low, _ = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=5)
+            except Exception:  # noqa: BLE001 - unknown: nothing is claimed lost
+                return
+        if low is not None and low > expected:
+            self.on_lost(topic, partition, expected, min(int(low), offset))
+
     def readers(self, topic: str) -> tuple[str, ...]:
         if topic in self.command_topics:
             return (SERVICE,)
@@ -156,6 +182,7 @@ class Inputs:
                 self._consumer.resume([TopicPartition(topic, partition)])
                 self._paused.discard((topic, partition))
             self._consumer.seek(tp)
+            self._expect(topic, partition, tp.offset)
 
     def rewind(self, queue: str) -> dict[ReaderKey, int]:
         """Positions that send `queue` back to its recovery point in every partition."""
@@ -210,6 +237,19 @@ class Inputs:
         return clients.end_offset(self._consumer, topic, partition)  # nothing that recent
 
     def _assign(self, tps: list[tuple[str, int]]) -> None:
-        self._consumer.incremental_assign(
-            [TopicPartition(t, p, self._start_offset(t, p)) for t, p in tps])
+        starts = [TopicPartition(t, p, self._start_offset(t, p)) for t, p in tps]
+        self._consumer.incremental_assign(starts)
         self._assigned.update(tps)
+        for tp in starts:
+            self._expect(tp.topic, tp.partition, tp.offset)
+
+    def _expect(self, topic: str, partition: int, offset: int) -> None:
+        """Reading starts at `offset`: if a reader stopped there before, a first record
+        further on means records went missing; if it is where a queue's recovery point
+        begins, nothing before it was ever kq's to read."""
+        read_to = [pos for r in self.readers(topic)
+                   if (pos := self.positions.get((r, topic, partition), UNSET)) >= 0]
+        if read_to and min(read_to) == offset:
+            self._expected[(topic, partition)] = offset
+        else:
+            self._expected.pop((topic, partition), None)

@@ -148,6 +148,7 @@ class Service:
             self.inputs = Inputs(io.consumer, io.commands, io.admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
                                  required=(self.topics.journal,), command_partition=self.shard)
+            self.inputs.on_lost = self._say_lost
             self._configure_queues()
             self._send_again(rec.unsent)
             self.inputs.start()
@@ -237,6 +238,7 @@ class Service:
                 if readers:
                     self._command(rec, self._command_topics[bm.topic], now, batch)
             else:
+                self.inputs.arrived(bm.topic, bm.partition, bm.offset)
                 self._source_record(rec, bm, readers, now, batch)
         if self.inputs.caught_up(batch.cp.positions):
             self._run(ev.Tick(), now, batch)
@@ -343,6 +345,14 @@ class Service:
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
+
+    def _say_lost(self, topic: str, partition: int, start: int, end: int) -> None:
+        """Records of an underlying topic deleted by its retention before kq read them."""
+        self.metrics.lost_to_retention.labels(topic).inc(end - start)
+        log.warning("%s/%d: %d record(s) at offsets %d to %d were deleted by the topic's "
+                    "retention before kq read them: they never reached the queues reading it "
+                    "(kq_records_lost_to_retention_total)", topic, partition, end - start,
+                    start, end - 1)
 
     def _say_too_large(self, queue: str, bm: Bookmark | None) -> None:
         """A record no delivery could carry is removed at once: an operator must hear it."""

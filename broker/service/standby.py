@@ -1,9 +1,11 @@
 """A standby replica: a shard another instance owns, kept warm in the local RocksDB copy.
 
-It tails the shard's journal partition and applies each whole batch the way recovery does
-(`JournalTail`: fenced parts dropped, the last two batches held back as possibly unsent),
-writing the state about once a second. When the group then gives this instance the shard,
-its `Service` restores from that copy and replays only the last seconds of the journal.
+A copy that is empty (or older than the journal's first record) starts from the shard's
+newest snapshot. It tails the shard's journal partition and applies each whole batch the
+way recovery does (`JournalTail`: fenced parts dropped, the last two batches held back as
+possibly unsent), writing the state about once a second. When the group then gives this
+instance the shard, its `Service` restores from that copy and replays only the last seconds
+of the journal.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from broker.config import Config
 from broker.engine.engine import Engine
 from broker.kafka import clients
 from broker.service.recovery import JournalTail
+from broker.service.snapshots import restore
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import load_engine, load_meta
 from broker.state.pager import RocksPager
@@ -67,10 +70,13 @@ class Standby:
         journal = clients.consumer(self.bootstrap, extra)
         fetcher = clients.consumer(self.bootstrap, extra)
         try:
+            topics = Topics(svc.topic_prefix)
+            topic = topics.journal
+            # an empty copy, or one older than the journal's start, begins at the snapshot
+            meta, _ = restore(store, journal, topics.snapshots, self.shard, topic,
+                              load_meta(store))
             load_engine(store, engine, int(time.time() * 1000))
-            meta = load_meta(store)
             tail = JournalTail(store, engine, fetcher, meta)
-            topic = Topics(svc.topic_prefix).journal
             journal.assign([TopicPartition(topic, self.shard, meta["offset"] + 1)])
             log.info("standby of shard %d from journal offset %d", self.shard,
                      meta["offset"] + 1)

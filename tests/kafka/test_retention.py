@@ -1,0 +1,177 @@
+"""A bounded journal on Apache Kafka, which applies retention (the embedded broker does not):
+a restore after the journal's head was deleted starts from the snapshot; a journal that could
+delete what a restore needs is refused; underlying records deleted before kq read them are
+counted and logged. Retention is simulated by DeleteRecords, which moves a partition's start
+exactly as retention does."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
+from broker.client import QueueClient
+from tests.integration.kit import (
+    ServeProcess,
+    drain,
+    ensure_topic,
+    kq,
+    publish,
+    uid,
+    wait_for,
+    write_config,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SNAPSHOTS = 'snapshot_interval = "2s"\njournal_retention = "1h"'
+
+
+def delete_before(bootstrap: str, topic: str, offset: int, partition: int = 0) -> None:
+    """What retention does: the partition's first offset becomes `offset`."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, partition, offset)]).values():
+        future.result(30)
+
+
+def inspect(cfg: Path, name: str) -> dict:
+    got = kq("inspect", name, "--config", str(cfg), "--json", "--limit", "1000")
+    assert got.returncode == 0, got.stderr
+    data = json.loads(got.stdout)
+    data["summary"].pop("oldest_age_ms")
+    for m in data["messages"]:
+        m.pop("age_ms")
+    return data
+
+
+def last_snapshot_offset(log: Path) -> int:
+    found = re.findall(r"snapshot of shard 0 at journal offset (\d+)", log.read_text())
+    return int(found[-1]) if found else -1
+
+
+def kill_9(serve: ServeProcess) -> None:
+    assert serve.proc is not None
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.proc.wait(10)
+
+
+def test_a_restore_after_retention_deleted_the_journals_head_loads_the_snapshot(
+        kafka_bootstrap, tmp_path):
+    u = uid()
+    name = f"RET_{u}"
+    ensure_topic(kafka_bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
+                       kafka_bootstrap, extra='lease_period = "1h"\n', service=SNAPSHOTS)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(30)])
+        with QueueClient(kafka_bootstrap, name=f"w-{u}", topic_prefix=f"kq{u}") as c:
+            got = drain(c.subscribe(name, max_backlog=10), 10)
+            c.ack(name, [m.bookmark for m in got[:6]])
+            c.flush()
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 6, what="the acks")
+            taken = last_snapshot_offset(serve.log_path)
+            snapshot_at = wait_for(lambda: (o := last_snapshot_offset(serve.log_path)) > taken
+                                   and o, timeout=20, what="a snapshot after the acks")
+            publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(30, 35)])
+            wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 29, what="5 more")
+            before = inspect(cfg, name)
+            kill_9(serve)  # no snapshot at the stop: the 5 are only in the journal's tail
+            # retention takes everything the snapshot reflects
+            delete_before(kafka_bootstrap, f"kq{u}.journal", snapshot_at + 1)
+            shutil.rmtree(tmp_path / "state")
+            serve.start()
+            assert inspect(cfg, name) == before
+            log = serve.log_path.read_text()
+            assert f"journal offset {snapshot_at}); replaying the journal after it" in log \
+                or "loaded snapshot" in log
+            assert "rebuilding every queue from the journal" not in log
+            # the leases held before are still this client's: its acks settle them
+            c.ack(name, [m.bookmark for m in got[6:]])
+            c.flush()
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 10, what="4 more acks")
+    finally:
+        serve.stop()
+
+
+def test_a_journal_missing_its_head_and_no_snapshot_is_refused_naming_both(
+        kafka_bootstrap, tmp_path):
+    u = uid()
+    name = f"RETNO_{u}"
+    ensure_topic(kafka_bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
+                       kafka_bootstrap, service=SNAPSHOTS)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(5)])
+    wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 5, what="5 queued")
+    serve.stop()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.delete_topics([f"kq{u}.snapshots"])[f"kq{u}.snapshots"].result(30)
+    delete_before(kafka_bootstrap, f"kq{u}.journal", 2)
+    shutil.rmtree(tmp_path / "state")
+    serve.start(wait_ready=False)
+    assert serve.wait_exit(60) != 0
+    log = " ".join(serve.log_path.read_text().split())  # the error is wrapped to the width
+    assert (f"shard 0 cannot be restored: its journal kq{u}.journal starts at offset 2 "
+            "(retention deleted the records before), there is no local state") in log
+    assert "holds no complete snapshot" in log
+
+
+def test_a_journal_that_could_delete_what_a_restore_needs_is_refused(kafka_bootstrap,
+                                                                    tmp_path):
+    u = uid()
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    journal = f"kq{u}.journal"
+    admin.create_topics([NewTopic(journal, 1, 1, config={"retention.bytes": "100000"})]
+                        )[journal].result(30)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [f"Q_{u}"], tmp_path / "state",
+                       kafka_bootstrap, service=SNAPSHOTS)
+    got = kq("serve", "--config", str(cfg), timeout=60)
+    assert got.returncode == 2, got.stderr
+    said = " ".join((got.stdout + got.stderr).split())
+    assert f"the journal topic {journal}: retention.bytes = 100000" in said
+    assert "snapshot_interval = 2s, so it must keep at least 4s" in said
+    # kq sets the retention it is configured with on a journal it did not make
+    fine = f"kq{u}b.journal"
+    admin.create_topics([NewTopic(fine, 1, 1, config={"retention.ms": "-1"})])[fine].result(30)
+    write_config(cfg, f"kq{u}b", [f"Q_{u}"], tmp_path / "state-b", kafka_bootstrap,
+                 service=SNAPSHOTS)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    serve.stop()
+    resource = ConfigResource(ResourceType.TOPIC, fine)
+    assert admin.describe_configs([resource])[resource].result(10)["retention.ms"].value \
+        == "3600000"
+    assert "retention.ms -1 -> 3600000" in serve.log_path.read_text()
+
+
+def test_records_deleted_by_retention_before_kq_read_them_are_counted_and_logged(
+        kafka_bootstrap, tmp_path):
+    u = uid()
+    name = f"LOSS_{u}"
+    ensure_topic(kafka_bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
+                       kafka_bootstrap, service=SNAPSHOTS)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(5)])
+        wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 5, what="5 queued")
+        serve.stop()
+        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(5, 15)])
+        delete_before(kafka_bootstrap, name, 12)  # 5..11 go before kq reads them
+        serve.start()
+        wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 8, what="3 more queued")
+        log = serve.log_path.read_text()
+        assert (f"{name}/0: 7 record(s) at offsets 5 to 11 were deleted by the topic's "
+                "retention before kq read them") in log
+        with QueueClient(kafka_bootstrap, topic_prefix=f"kq{u}") as c:
+            got = drain(c.subscribe(name, max_backlog=10), 8)
+        assert sorted(int(m.bookmark.rsplit("/", 1)[1]) for m in got) == \
+            [0, 1, 2, 3, 4, 12, 13, 14]
+    finally:
+        serve.stop()
