@@ -86,6 +86,13 @@ def _progress(spans: list[reading.Span], what: str) -> Iterator[reading.Progress
         yield lambda topic, partition, n: bar.advance(task, n)
 
 
+def _say_retained(c: Any, spans: list[reading.Span]) -> None:
+    """On stderr (stdout stays clean for --json): from when the journal can answer."""
+    note = reading.retained_from(c, spans)
+    if note:
+        err_console.print(f"[yellow]{note}", highlight=False)
+
+
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
@@ -137,6 +144,7 @@ def dump(
     c = src.consumer()
     with errors_to_exit_codes():
         spans = reading.journal_spans(c, src.bootstrap, src.kafka, src.journal_topic)
+        _say_retained(c, spans)
         with _progress(spans, "reading the journal") as progress:
             found = reading.journal_rows(c, spans, wanted, progress)
             rows = _print_or_keep(itertools.islice(found, limit), json)
@@ -207,6 +215,7 @@ def _life(bm: Bookmark, src: Source, json: bool) -> None:
     c = src.consumer()
     with errors_to_exit_codes():
         spans = reading.journal_spans(c, src.bootstrap, src.kafka, src.journal_topic)
+        _say_retained(c, spans)
         with _progress(spans, "reading the journal") as progress:
             life = list(reading.journal_rows(c, spans, RowFilter(bookmark=str(bm)), progress))
         found = fetch_records(c, [bm], timeout=10).get(bm)

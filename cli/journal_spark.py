@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from broker.history import reading
 from cli.common import (
     BootstrapOpt,
     ConfigOpt,
@@ -18,7 +19,7 @@ from cli.common import (
     err_console,
     errors_to_exit_codes,
 )
-from cli.journal import SinceOpt, Source, UntilOpt, _times, app
+from cli.journal import SinceOpt, Source, UntilOpt, _say_retained, _times, app
 from cli.tables import Col, render
 
 MasterOpt = Annotated[str | None, typer.Option(
@@ -41,6 +42,9 @@ def report(
     _times(since, until)  # refuse a bad time before starting Spark
     src = Source(config, bootstrap_servers)
     with errors_to_exit_codes():
+        c = src.consumer()
+        _say_retained(c, reading.journal_spans(c, src.bootstrap, src.kafka, src.journal_topic))
+        c.close()
         from pathlib import Path
 
         from broker.pipeline.report import REPORT_COLUMNS, journal_frame, run_report
@@ -99,8 +103,10 @@ def audit(
     The service answers with its state between two batches and says which journal batch it
     reflects; the journal is replayed up to that batch, so the audit of a busy service is
     exact. With several shards, each shard answers as of a batch of its own partition and
-    is compared with its own queues' journal. Each difference names queue, bookmark, field,
-    the journal's value and the service's. Exit 0 when there is none, 1 otherwise."""
+    is compared with its own queues' journal. Where retention deleted the journal's head, a
+    shard's state is continued from its newest stored snapshot instead of rebuilt from
+    nothing (as a restore does). Each difference names queue, bookmark, field, the
+    journal's value and the service's. Exit 0 when there is none, 1 otherwise."""
     from broker.client import QueueClient
 
     src = Source(config, bootstrap_servers)
@@ -109,6 +115,7 @@ def audit(
                          topic_prefix=src.config.service.topic_prefix,
                          request_timeout=timeout) as client:
             snapshot = client.query(what="snapshot")
+        bases = _bases(src, snapshot)
         from broker.pipeline.audit import audit as run_audit
         from broker.pipeline.report import journal_frame
         from broker.pipeline.session import spark_session
@@ -117,7 +124,7 @@ def audit(
             spark = spark_session(master, "kq journal audit")
             frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
                                   src.kafka, None, None, None)
-            result = run_audit(spark, frame, snapshot)
+            result = run_audit(spark, frame, snapshot, bases)
     if json:
         sys.stdout.write(jsonlib.dumps(result) + "\n")
     elif not result["differences"]:
@@ -133,6 +140,27 @@ def audit(
                       f"{_as_of(result['batches'])}")
     if result["differences"]:
         raise typer.Exit(1)
+
+
+def _bases(src: Source, answer: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Per shard whose journal's head is gone: the stored snapshot to continue from."""
+    from broker.history.snapshot_base import audit_base, journal_start
+
+    c = src.consumer()
+    try:
+        bases = {}
+        for shard in answer.get("shards", [answer]):
+            n = int(shard.get("shard", 0))
+            start = journal_start(c, src.config, n)
+            if start > 0:
+                bases[n] = audit_base(c, src.config, n, int(shard["batch"]))
+                err_console.print(
+                    f"shard {n}: the journal starts at offset {start} (retention deleted the "
+                    f"records before): audited from snapshot {bases[n]['snapshot']} (journal "
+                    f"offset {bases[n]['after_offset']}) and the journal after it")
+        return bases
+    finally:
+        c.close()
 
 
 def _as_of(batches: list[dict[str, int]]) -> str:

@@ -8,6 +8,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -38,6 +39,24 @@ def journal_spans(c: Consumer, bootstrap: str, kafka: dict[str, Any], topic: str
         raise KqError(f"there is no journal topic {topic} on {bootstrap}: has `kq serve` run "
                       "there with this topic prefix (--config)?")
     return found
+
+
+def retained_from(c: Consumer, spans_: list[Span]) -> str | None:
+    """Where retention deleted the head of some partitions: from when the answer is whole
+    (the latest of those partitions' first records), in words; None if nothing is gone."""
+    heads = [(t, p, lo) for t, p, lo, end in spans_ if lo > 0]
+    if not heads:
+        return None
+    firsts = []
+    for topic, p, lo in heads:
+        first = next(records(c, topic, p, lo, lo + 1), None)
+        if first is not None:
+            firsts.append(first.timestamp()[1])
+    since = (datetime.fromtimestamp(max(firsts) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+             if firsts else "its first record")
+    where = ", ".join(f"partition {p} from offset {lo}" for _, p, lo in heads)
+    return (f"{heads[0][0]} holds its records from {since} UTC on ({where}; retention "
+            "deleted the earlier ones): what follows starts there")
 
 
 def journal_rows(c: Consumer, spans_: list[Span], wanted: Callable[[Row], bool],

@@ -24,9 +24,10 @@ FIELDS = ("state", "delivery_count", "cancel_count", "holder")
 MAX_LISTED = 10_000  # differences listed in full; the count is always exact
 
 
-def journal_state(journal: DataFrame, batch: int) -> DataFrame:
+def journal_state(journal: DataFrame, batch: int, base: DataFrame | None = None) -> DataFrame:
     """(queue, bookmark, state, delivery_count, cancel_count, holder) of every message still
-    in a queue after journal batch `batch`."""
+    in a queue after journal batch `batch`. With `base` (the same columns: the state of a
+    snapshot), `journal` holds only what came after it, and continues that state."""
     pos = F.struct("batch", "offset", "index")
     rows = (journal.where((F.col("batch") <= batch) & F.col("bookmark").isNotNull()
                           & F.col("kind").isin(*MESSAGE_KINDS))
@@ -34,18 +35,45 @@ def journal_state(journal: DataFrame, batch: int) -> DataFrame:
     # a bookmark enqueued again (a recovery-point reset) starts a new life: only the last
     life = F.max(F.when(F.col("kind") == "enqueued", F.col("pos"))).over(
         Window.partitionBy("queue", "bookmark"))
-    current = rows.withColumn("life", life).where(F.col("pos") >= F.col("life"))
+    in_life = F.col("pos") >= F.col("life")
+    if base is not None:  # a message with no enqueue after the snapshot lives on from it
+        in_life = F.col("life").isNull() | in_life
+    current = rows.withColumn("life", life).where(in_life)
     state = F.coalesce(*(F.when(F.col("last_kind") == k, F.lit(v))
                          for k, v in STATE_AFTER.items()))
-    return (current.groupBy("queue", "bookmark").agg(
+    told = (current.groupBy("queue", "bookmark").agg(
         F.max_by("kind", "pos").alias("last_kind"),
         F.max_by("client", "pos").alias("last_client"),
         F.max("delivery_count").alias("delivery_count"),
-        F.max("cancel_count").alias("cancel_count"))
-        .withColumn("state", state).where(F.col("state").isNotNull())
-        .select("queue", "bookmark", "state", "delivery_count", "cancel_count",
-                F.when(F.col("state").isin("leased", "sent"), F.col("last_client"))
-                .alias("holder")))
+        F.max("cancel_count").alias("cancel_count"),
+        F.max(F.col("kind") == "enqueued").alias("born"))
+        .withColumn("state", state))
+    if base is not None:
+        told = _continued(base, told)
+    return (told.where(F.col("state").isNotNull())
+            .select("queue", "bookmark", "state", "delivery_count", "cancel_count",
+                    F.when(F.col("state").isin("leased", "sent"), F.col("last_client"))
+                    .alias("holder")))
+
+
+def _continued(base: DataFrame, told: DataFrame) -> DataFrame:
+    """A snapshot's messages carried on by what the journal after it says of them: its last
+    word decides the state; counts only grow, unless the message was enqueued anew."""
+    t, b = told.alias("t"), base.alias("b")
+    said = F.col("t.last_kind").isNotNull()
+    fresh = F.coalesce(F.col("t.born"), F.lit(False))
+
+    def count(name: str) -> Any:
+        return F.when(fresh, F.col(f"t.{name}")).otherwise(
+            F.greatest(F.coalesce(F.col(f"t.{name}"), F.lit(0)),
+                       F.coalesce(F.col(f"b.{name}"), F.lit(0))))
+
+    return (t.join(b, ["queue", "bookmark"], "full").select(
+        "queue", "bookmark",
+        F.when(said, F.col("t.state")).otherwise(F.col("b.state")).alias("state"),
+        F.when(said, F.col("t.last_client")).otherwise(F.col("b.holder")).alias("last_client"),
+        count("delivery_count").alias("delivery_count"),
+        count("cancel_count").alias("cancel_count")))
 
 
 def journal_counters(journal: DataFrame, batch: int) -> tuple[dict[str, dict[str, Any]], int]:
@@ -68,22 +96,28 @@ def journal_counters(journal: DataFrame, batch: int) -> tuple[dict[str, dict[str
     return out, sum(r["count"] for r in rows)
 
 
-def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> dict[str, Any]:
+def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any],
+          bases: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Compare the service's snapshot (`kq` query `snapshot`) with the journal's state at
-    the snapshot's batch; SPEC 8.1's audit object, plus `batches` (shard, batch).
+    the snapshot's batch; SPEC 8.1's audit object, plus `batches` (shard, batch) and
+    `snapshots` (the stored snapshots the journal was continued from).
 
     With several shards the snapshot is one per shard (`{"shards": [...]}`), each as of a
     batch of its own journal partition: each is compared with the journal rows of its own
-    queues (a queue lives in one shard) up to its batch, and the results are added up."""
+    queues (a queue lives in one shard) up to its batch, and the results are added up.
+    `bases`, by shard: where the journal's head was deleted, the state of a stored snapshot
+    (broker.history.snapshot_base) that the journal after its offset continues."""
+    bases = bases or {}
     shards = service.get("shards", [service])
     batches = [{"shard": s.get("shard", 0), "batch": int(s["batch"])} for s in shards]
     if len(shards) > 1:
         journal = journal.cache()  # read from Kafka once, compared once per shard
-    results = [_audit_shard(spark, journal.where(F.col("queue").isin(list(s["queues"]))), s)
+    results = [_audit_shard(spark, journal.where(F.col("queue").isin(list(s["queues"]))), s,
+                            bases.get(s.get("shard", 0)))
                for s in shards]
     journal.unpersist()
     read = sum(r["transitions"] for r in results)
-    if read == 0 and any(b["batch"] >= 0 for b in batches):
+    if read == 0 and not bases and any(b["batch"] >= 0 for b in batches):
         # the service's state reflects journal batches, so the journal holds some: an audit
         # that read none compared nothing, and must not say "no differences"
         raise KqError(f"the audit read no journal transition up to the batch the service "
@@ -92,17 +126,26 @@ def audit(spark: SparkSession, journal: DataFrame, service: dict[str, Any]) -> d
             "messages": sum(r["messages"] for r in results),
             "transitions": read,
             "batch": batches[0]["batch"] if len(batches) == 1 else None, "batches": batches,
+            "snapshots": [{"shard": shard, "snapshot": b["snapshot"],
+                           "journal_offset": b["after_offset"]}
+                          for shard, b in sorted(bases.items())],
             "differing_messages": sum(r["differing_messages"] for r in results),
             "differences": [d for r in results for d in r["differences"]]}
 
 
-def _audit_shard(spark: SparkSession, journal: DataFrame,
-                 service: dict[str, Any]) -> dict[str, Any]:
+ROWS = ("queue string, bookmark string, state string, delivery_count int, cancel_count int, "
+        "holder string")
+
+
+def _audit_shard(spark: SparkSession, journal: DataFrame, service: dict[str, Any],
+                 base: dict[str, Any] | None) -> dict[str, Any]:
     batch = int(service["batch"])
-    theirs = spark.createDataFrame(
-        service["rows"], "queue string, bookmark string, state string, delivery_count int, "
-                         "cancel_count int, holder string")
-    ours = journal_state(journal, batch)
+    theirs = spark.createDataFrame(service["rows"], ROWS)
+    start = None
+    if base is not None:
+        journal = journal.where(F.col("offset") > base["after_offset"])
+        start = spark.createDataFrame(base["rows"], ROWS)
+    ours = journal_state(journal, batch, start)
     joined = (ours.alias("j").join(theirs.alias("s"), ["queue", "bookmark"], "full")
               .select("queue", "bookmark", *(F.col(f"{side}.{f}").alias(f"{side}_{f}")
                                              for side in "js" for f in FIELDS)))
@@ -125,6 +168,13 @@ def _audit_shard(spark: SparkSession, journal: DataFrame,
                                     "field": f, "journal": r[f"j_{f}"],
                                     "service": r[f"s_{f}"]})
     counted, transitions = journal_counters(journal, batch)
+    if base is not None:  # the snapshot's counters, and what the journal after it adds
+        for name, had in base["queues"].items():
+            q = counted.setdefault(name, {"enqueued": 0, "acked": 0, "removed": {}})
+            q["enqueued"] += had["enqueued"]
+            q["acked"] += had["acked"]
+            for reason, n in had["removed"].items():
+                q["removed"][reason] = q["removed"].get(reason, 0) + n
     for name, theirs_q in sorted(service["queues"].items()):
         ours_q = counted.get(name, {"enqueued": 0, "acked": 0, "removed": {}})
         for f in ("enqueued", "acked"):

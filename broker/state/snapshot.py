@@ -108,6 +108,7 @@ class Found:
     journal_offset: int
     taken_ms: int
     replaces: dict[str, int] = field(default_factory=dict)
+    batch: int = -1  # the last journal batch it reflects
 
 
 @dataclass
@@ -140,7 +141,7 @@ def survey(shard: int, records: Iterable[tuple[int, bytes | None, bytes | None]]
             completes[snapshot] = Found(
                 snapshot, shard, rec["chunks"], rec["entries"], rec["first_offset"], offset,
                 rec["journal_offset"], rec["taken_ms"],
-                {r["snapshot"]: r["chunks"] for r in rec["replaces"]})
+                {r["snapshot"]: r["chunks"] for r in rec["replaces"]}, rec["batch"])
         else:
             chunk_max[snapshot] = max(chunk_max.get(snapshot, 0), int(part) + 1)
     live = [f for s, f in completes.items() if complete_key(shard, s) not in deleted]

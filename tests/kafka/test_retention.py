@@ -175,3 +175,54 @@ def test_records_deleted_by_retention_before_kq_read_them_are_counted_and_logged
             [0, 1, 2, 3, 4, 12, 13, 14]
     finally:
         serve.stop()
+
+
+def test_journal_commands_and_the_audit_answer_from_what_retention_left(kafka_bootstrap,
+                                                                       tmp_path):
+    u = uid()
+    name = f"RETJ_{u}"
+    ensure_topic(kafka_bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
+                       kafka_bootstrap, extra='lease_period = "1h"\n', service=SNAPSHOTS)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(10)])
+        with QueueClient(kafka_bootstrap, name=f"w-{u}", topic_prefix=f"kq{u}") as c:
+            got = drain(c.subscribe(name, max_backlog=6), 6)
+            c.ack(name, [m.bookmark for m in got[:4]])
+            c.flush()
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 4, what="the acks")
+            taken = last_snapshot_offset(serve.log_path)
+            snapshot_at = wait_for(lambda: (o := last_snapshot_offset(serve.log_path)) > taken
+                                   and o, timeout=20, what="a snapshot after the acks")
+            publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(10, 13)])
+            got[4].ack()  # after the snapshot: in the journal's tail only
+            c.flush()
+            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 5, what="one more ack")
+            delete_before(kafka_bootstrap, f"kq{u}.journal", snapshot_at + 1)
+
+            dump = kq("journal", "dump", "--config", str(cfg), "--json")
+            assert dump.returncode == 0, dump.stderr
+            assert f"kq{u}.journal holds its records from" in " ".join(dump.stderr.split())
+            rows = [json.loads(line) for line in dump.stdout.splitlines()]
+            assert rows and min(r["offset"] for r in rows) > snapshot_at
+            assert sorted(r["kind"] for r in rows if r["queue"] == name
+                          and r["kind"] in ("enqueued", "acked")) == ["acked"] + ["enqueued"] * 3
+
+            audit = kq("journal", "audit", "--config", str(cfg), "--json", timeout=300)
+            assert audit.returncode == 0, audit.stdout + audit.stderr
+            result = json.loads(audit.stdout)
+            assert result["differences"] == []
+            # the newest snapshot the journal continues (more are written meanwhile)
+            assert result["snapshots"][0]["journal_offset"] >= snapshot_at
+            assert result["messages"] == 8  # 13 published, 5 acked
+            assert "audited from snapshot" in " ".join(audit.stderr.split())
+
+            report = kq("journal", "report", "--out", str(tmp_path / "report"), "--config",
+                        str(cfg), "--json", timeout=300)
+            assert report.returncode == 0, report.stderr
+            totals = json.loads(report.stdout)["queues"][name]
+            assert (totals["enqueued"], totals["acked"]) == (3, 1)  # exactly the retained span
+            assert "holds its records from" in report.stderr
+    finally:
+        serve.stop()

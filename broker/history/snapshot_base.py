@@ -1,0 +1,50 @@
+"""Where a journal command starts when the journal's head was deleted by retention: a shard's
+snapshot (broker.service.snapshots), read into memory, as the state the rest of the journal
+continues from."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from broker.config import Config
+from broker.engine.engine import Engine
+from broker.errors import KqError
+from broker.kafka import clients
+from broker.service.queries import snapshot as state_rows
+from broker.service.snapshots import load, survey
+from broker.service.topics import Topics
+from broker.state.layout import load_engine
+from broker.state.store import MemoryStore
+
+
+def journal_start(c: Consumer, config: Config, shard: int) -> int:
+    """The first offset the shard's journal partition still holds."""
+    low, _ = clients.watermarks(c, Topics(config.service.topic_prefix).journal, shard)
+    return low
+
+
+def audit_base(c: Consumer, config: Config, shard: int, batch: int) -> dict[str, Any]:
+    """The shard's state as of its newest snapshot that the journal continues (taken at or
+    before journal batch `batch`), in the shape of the service's own state answer (rows and
+    counters), with the journal offset it reflects (`after_offset`)."""
+    topics = Topics(config.service.topic_prefix)
+    start = journal_start(c, config, shard)
+    seen = survey(c, topics.snapshots, shard)
+    usable = [f for f in seen.complete if f.batch <= batch and f.journal_offset >= start - 1]
+    if not usable:
+        raise KqError(
+            f"the journal {topics.journal} partition {shard} starts at offset {start} "
+            f"(retention deleted the records before) and {topics.snapshots} holds no snapshot "
+            f"of shard {shard} from which the rest of it continues: nothing to audit from")
+    found = usable[0]
+    store = MemoryStore()
+    load(store, c, topics.snapshots, found)
+    engine = Engine(config.queues_of_shard(shard), config.service.heartbeat_timeout.ms)
+    load_engine(store, engine, int(time.time() * 1000))
+    parts = state_rows(engine, found.batch, shard)
+    return {"shard": shard, "snapshot": found.snapshot, "after_offset": found.journal_offset,
+            "batch": found.batch, "queues": parts[0]["queues"],
+            "rows": [row for part in parts for row in part["rows"]]}
