@@ -58,7 +58,8 @@ class Recovered:
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
             write_marker, now: int, fetcher: Consumer,  # noqa: ANN001
             partition: int = 0, stopping: Callable[[], bool] = lambda: False,
-            snapshot_topic: str | None = None) -> Recovered | None:
+            snapshot_topic: str | None = None,
+            snapshot_reader: Consumer | None = None) -> Recovered | None:
     """Bring `engine` and `store` to the last committed batch of the journal.
 
     `consumer` reads the journal; `fetcher`, another consumer, reads back the records of
@@ -67,13 +68,15 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     restore): what was replayed so far is in the store as after a crash mid-restore, and
     the instance is not held up until the end of a restore it no longer needs.
     Without usable local state, the newest snapshot on `snapshot_topic` is loaded first
-    (broker.service.snapshots.restore), and only the journal after it is replayed.
+    (broker.service.snapshots.restore, with `snapshot_reader`, a consumer made for it), and
+    only the journal after it is replayed.
     """
     started = time.monotonic()
     meta = load_meta(store)
     seen = None
     if snapshot_topic is not None:
-        meta, seen = restore(store, consumer, snapshot_topic, partition, journal_topic, meta)
+        meta, seen = restore(store, snapshot_reader or consumer, snapshot_topic, partition,
+                             journal_topic, meta)
     load_engine(store, engine, now)
     positions = load_positions(store)
     marker_offset = write_marker(uuid.uuid4().hex)

@@ -50,6 +50,7 @@ from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.service.shard_io import ShardIO
+from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_payload
@@ -134,10 +135,14 @@ class Service:
                                         self.topics.journal, next_batch=0,
                                         transactional=svc.exactly_once, partition=self.shard,
                                         fence=fence)
-            rec = recover(store, self.engine, io.consumer, self.topics.journal,
-                          self._committer.write_marker, now_ms(), fetcher=io.commands,
-                          partition=self.shard, stopping=self._stop.is_set,
-                          snapshot_topic=self.topics.snapshots)
+            reader = clients.consumer(self.bootstrap, dict(svc.kafka), **SNAPSHOT_READER)
+            try:
+                rec = recover(store, self.engine, io.consumer, self.topics.journal,
+                              self._committer.write_marker, now_ms(), fetcher=io.commands,
+                              partition=self.shard, stopping=self._stop.is_set,
+                              snapshot_topic=self.topics.snapshots, snapshot_reader=reader)
+            finally:
+                reader.close()
             if rec is None:  # stopped during the restore
                 return
             self._snapshots = SnapshotWriter(
@@ -156,7 +161,9 @@ class Service:
             log.info("ready: shard %d, %d queue(s), %d batch(es) replayed from the journal",
                      self.shard, len(self.engine.queues), rec.replayed_batches)
             while not self._stop.is_set():
+                began = time.monotonic()
                 self._step()
+                self._snapshots.turn(time.monotonic() - began)
             self._committer.flush_held()
             self._snapshots.write_now()  # a clean stop: the next owner starts from here
         finally:

@@ -43,6 +43,9 @@ log = logging.getLogger("kq.snapshots")
 # snapshots are big and written in the background: fewer, larger, compressed requests
 PRODUCER = {"compression.type": "lz4", "linger.ms": 20,
             "message.max.bytes": 16 * 1024 * 1024 + 4096}
+# reading one back: whole chunks per fetch, many at a time
+READER = {"max.partition.fetch.bytes": 32 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024,
+          "fetch.wait.max.ms": 50}
 SURVEY_FIRST = 16  # records looked at from the partition's end first; four times more each try
 FLUSH_TIMEOUT_S = 60.0
 
@@ -111,14 +114,16 @@ def restore(store: Store, consumer: Consumer, topic: str, shard: int, journal_to
     for found in seen.complete:
         if found.journal_offset < low - 1 or found.journal_offset <= meta["offset"]:
             break  # older ones even less
+        began = time.monotonic()
         try:
             loaded = load(store, consumer, topic, found)
         except StateError as exc:
             log.warning("%s: trying an older one", exc)
             continue
         log.info("shard %d: loaded snapshot %s (%d entries, journal offset %d, taken %.0f s "
-                 "ago); replaying the journal after it", shard, found.snapshot, found.entries,
-                 found.journal_offset, max(0.0, time.time() - found.taken_ms / 1000))
+                 "ago) in %.1f s; replaying the journal after it", shard, found.snapshot,
+                 found.entries, found.journal_offset,
+                 max(0.0, time.time() - found.taken_ms / 1000), time.monotonic() - began)
         return loaded, seen
     if stale or low > 0:
         have = (f"the local state reflects offset {meta['offset']}" if stale
@@ -153,6 +158,13 @@ class SnapshotWriter:
         due_now = seen is None or not seen.complete
         self._last_start = float("-inf") if due_now else time.monotonic()
         self.failure: BaseException | None = None
+        # the shard loop's turns while a snapshot is written: what writing it costs the loop
+        self._turns: list[float] = []
+
+    def turn(self, seconds: float) -> None:
+        """The shard's loop took `seconds` for a turn (recorded while a snapshot is written)."""
+        if self._thread is not None and self._thread.is_alive():
+            self._turns.append(seconds)
 
     @property
     def written_offset(self) -> int:
@@ -202,6 +214,7 @@ class SnapshotWriter:
 
     def _write(self) -> None:
         started = time.monotonic()
+        self._turns = []
         frozen = self._store.frozen(self._where)
         try:
             froze_s = time.monotonic() - started
@@ -263,9 +276,13 @@ class SnapshotWriter:
         self._metrics.snapshot_seconds.labels(label).observe(took)
         self._metrics.snapshot_bytes.labels(label).set(size)
         self._metrics.snapshot_journal_offset.labels(label).set(meta["offset"])
+        turns = sorted(self._turns)
+        p99 = turns[int(len(turns) * 0.99)] if turns else 0.0
         log.info("snapshot of shard %d at journal offset %d: %d entries, %.1f MB in %d "
-                 "chunk(s), in %.2f s (state frozen in %.0f ms)", self.shard, meta["offset"],
-                 entries, size / 1e6, count, took, froze_s * 1000)
+                 "chunk(s), in %.2f s (state frozen in %.0f ms; the loop's turns meanwhile: "
+                 "p99 %.0f ms, max %.0f ms of %d)", self.shard, meta["offset"], entries,
+                 size / 1e6, count, took, froze_s * 1000, p99 * 1000,
+                 (turns[-1] if turns else 0.0) * 1000, len(turns))
 
     def _produce(self, key: bytes, value: bytes | None, on_delivery: Any) -> None:
         assert self._producer is not None

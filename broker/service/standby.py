@@ -21,7 +21,7 @@ from broker.config import Config
 from broker.engine.engine import Engine
 from broker.kafka import clients
 from broker.service.recovery import JournalTail
-from broker.service.snapshots import restore
+from broker.service.snapshots import READER, restore
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import load_engine, load_meta
 from broker.state.pager import RocksPager
@@ -68,12 +68,13 @@ class Standby:
         engine = Engine(self.config.queues_of_shard(self.shard), svc.heartbeat_timeout.ms)
         engine.use_pager(pager)
         journal = clients.consumer(self.bootstrap, extra)
+        reader = clients.consumer(self.bootstrap, extra, **READER)
         fetcher = clients.consumer(self.bootstrap, extra)
         try:
             topics = Topics(svc.topic_prefix)
             topic = topics.journal
             # an empty copy, or one older than the journal's start, begins at the snapshot
-            meta, _ = restore(store, journal, topics.snapshots, self.shard, topic,
+            meta, _ = restore(store, reader, topics.snapshots, self.shard, topic,
                               load_meta(store))
             load_engine(store, engine, int(time.time() * 1000))
             tail = JournalTail(store, engine, fetcher, meta)
@@ -95,6 +96,7 @@ class Standby:
             if tail.replay.batches:
                 tail.replay.write()
         finally:
+            reader.close()
             journal.close()
             fetcher.close()
             store.close()

@@ -16,6 +16,7 @@ import uuid
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from broker import wire
@@ -76,12 +77,15 @@ def entries_of(record: dict[str, Any]) -> Iterator[tuple[bytes, bytes]]:
     key_lengths, value_lengths = array("I"), array("I")
     key_lengths.frombytes(record["key_lengths"])
     value_lengths.frombytes(record["value_lengths"])
-    keys, values = memoryview(record["keys"]), memoryview(record["values"])
-    k = v = 0
-    for kl, vl in zip(key_lengths, value_lengths, strict=True):
-        yield bytes(keys[k:k + kl]), bytes(values[v:v + vl])
-        k += kl
-        v += vl
+    return zip(_cut(record["keys"], key_lengths), _cut(record["values"], value_lengths),
+               strict=True)
+
+
+def _cut(joined: bytes, lengths: array[int]) -> list[bytes]:
+    """`joined` cut into pieces of these lengths (slices of bytes: a list comprehension
+    runs about twice as fast as a loop here, and a restore cuts millions)."""
+    ends = list(accumulate(lengths))
+    return [joined[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)]
 
 
 def complete(shard: int, snapshot: str, chunk_count: int, entries: int, first_offset: int,
