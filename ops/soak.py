@@ -18,6 +18,11 @@ through the disturbances (the queues deep: every queued message's state, deliver
 counts and holder are compared) and at the end (the counters): it must find no difference
 between the journal and the live instances (`--no-audit` skips it).
 The crash tests `tests/crash/test_random_kills.py` run it small.
+
+With `--journal-retention 3m --snapshot-interval 20s` (on Apache Kafka, which applies
+retention; with `--rate` for a steady load) the journal's head is deleted during the run:
+restores come from snapshots, the soak checks against its own copy of the journal, and the
+journal's size on the broker is printed every 30 s (it must level off).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from confluent_kafka import Producer  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.soak_check import Report, check, committed_transitions, read_all  # noqa: E402
+from ops.soak_journal import Retention  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
@@ -84,12 +90,12 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
 # -- orchestration -----------------------------------------------------------------------------
 
 def _config(tmp: Path, bootstrap: str, prefix: str, queues: list[str], dlq: str,
-            shards: int = 1, exactly_once: bool = False) -> Path:
+            shards: int = 1, exactly_once: bool = False, service: str = "") -> Path:
     lines = ["[service]", f'bootstrap_servers = "{bootstrap}"', f'topic_prefix = "{prefix}"',
              f'data_dir = "{tmp / "state"}"', "metrics_port = 0", 'heartbeat_timeout = "3s"',
              f'session_timeout = "{SESSION_S:.0f}s"', f"shards = {shards}",
              f"standby_replicas = {1 if shards > 1 else 0}",
-             f"exactly_once = {str(exactly_once).lower()}"]
+             f"exactly_once = {str(exactly_once).lower()}", *service.splitlines()]
     for i, q in enumerate(queues):
         lines += ["[[queue]]", f'name = "{q}"', 'lease_period = "2s"', "max_deliveries = 10",
                   f"max_per_subscription_backlog = {BACKLOG}",
@@ -140,14 +146,18 @@ class Service:
             self.proc.wait(30)
 
 
-def _publish(bootstrap: str, topics: list[str], n: int, out: list[str]) -> None:
+def _publish(bootstrap: str, topics: list[str], n: int, out: list[str],
+             rate: float = 0) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
 
     def report(err: Any, msg: Any) -> None:
         if err is None:
             out.append(f"{msg.topic()}/{msg.partition()}/{msg.offset()}")
 
+    began = time.monotonic()
     for i in range(n):
+        if rate and (ahead := began + i / rate - time.monotonic()) > 0:
+            time.sleep(ahead)  # a steady rate
         while True:
             try:
                 p.produce(topics[i % len(topics)], json.dumps({"i": i}).encode(), partition=0,
@@ -222,14 +232,15 @@ def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> No
 
 def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         min_gap: float = 0.5, max_gap: float = 2.5, seed: int | None = None,
-        instances: int = 1, audit: bool = False, exactly_once: bool = False) -> Report:
+        instances: int = 1, audit: bool = False, exactly_once: bool = False,
+        retention: Retention | None = None, rate: float = 0) -> Report:
     rnd = random.Random(seed)
     u = uuid.uuid4().hex[:6]
     prefix, dlq = f"soak{u}", f"SOAK_{u}_DLQ"
     topics = [f"SOAK_{u}_{chr(65 + i)}" for i in range(max(2, instances))]
     clients.ensure_topics(clients.admin(bootstrap), [*topics, dlq])
     cfg = _config(tmp, bootstrap, prefix, topics, dlq, shards=instances,
-                  exactly_once=exactly_once)
+                  exactly_once=exactly_once, service=retention.service if retention else "")
     several = instances > 1
     services = [Service(cfg, tmp / f"serve{i}.log", f"kq{i}" if several else None)
                 for i in range(instances)]
@@ -244,6 +255,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
             service.start(wait_ready=not several)
         if several and not _wait_all_served(bootstrap, prefix, topics, 120):
             raise SystemExit(f"the instances did not serve every shard; see {tmp}")
+        if retention:
+            retention.begin(bootstrap, f"{prefix}.journal", instances)
         subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
                                   topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
                                   str(stop_file)],
@@ -259,7 +272,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         raise
     report = Report()
     published: list[str] = []
-    publisher = threading.Thread(target=_publish, args=(bootstrap, topics, messages, published))
+    publisher = threading.Thread(target=_publish,
+                                 args=(bootstrap, topics, messages, published, rate))
     publisher.start()
     try:
         for k in range(kills):
@@ -298,7 +312,9 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     queue_of = {bm: bm.rsplit("/", 2)[0] for bm in published}
     deliveries = [json.loads(line) for log in logs if log.exists()
                   for line in log.read_text().splitlines()]
-    transitions = committed_transitions(bootstrap, f"{prefix}.journal", instances, report)
+    archive = retention.end(report) if retention else None
+    transitions = committed_transitions(bootstrap, f"{prefix}.journal", instances, report,
+                                        archive)
     check(report, published, queue_of, transitions, deliveries)
     report.dead_letter_records = len(read_all(bootstrap, dlq))
     if report.problems:  # the instances' logs outlive the run's temporary directory
@@ -326,12 +342,28 @@ def main() -> None:
     ap.add_argument("--exactly-once", action="store_true",
                     help="[service] exactly_once = true: commits are Kafka transactions, and "
                          "the broker fences a frozen owner's writes")
+    ap.add_argument("--rate", type=float, default=0,
+                    help="publish at this many messages/s (default: as fast as it goes)")
+    ap.add_argument("--snapshot-interval", help='[service] snapshot_interval, e.g. "20s"')
+    ap.add_argument("--journal-retention",
+                    help='[service] journal_retention, e.g. "2m": the journal\'s head is '
+                         "deleted during the run (the soak keeps its own copy to check "
+                         "against) and its size on the broker is printed")
+    ap.add_argument("--journal-segment-ms", type=int, default=20_000,
+                    help="with --journal-retention: the journal's segment.ms (Kafka deletes "
+                         "whole segments only)")
     a = ap.parse_args()
+    retention = None
+    if a.journal_retention or a.snapshot_interval:
+        retention = Retention(a.snapshot_interval, a.journal_retention, a.journal_segment_ms)
     started = time.monotonic()
     with given_or_started(a.bootstrap, a.broker) as bootstrap, tempfile.TemporaryDirectory() as d:
         report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
-                     instances=a.instances, audit=a.audit, exactly_once=a.exactly_once)
+                     instances=a.instances, audit=a.audit, exactly_once=a.exactly_once,
+                     retention=retention, rate=a.rate)
     print("\n".join(report.lines()))
+    if retention and retention.sampler:
+        print(retention.sampler.line())
     print(f"took {time.monotonic() - started:.0f} s")
     sys.exit(1 if report.problems else 0)
 

@@ -62,15 +62,16 @@ def read_all(bootstrap: str, topic: str, partition: int = 0) -> list[Any]:
     return out
 
 
-def committed_transitions(bootstrap: str, journal: str, shards: int,
-                           report: Report) -> list[dict[str, Any]]:
+def committed_transitions(bootstrap: str, journal: str, shards: int, report: Report,
+                          archive: dict[int, list[Any]] | None = None) -> list[dict[str, Any]]:
     """Transitions of the batches that were committed (whole), in journal order per shard (a
     queue lives in one shard). A part written after a later owner's takeover marker by an
-    earlier owner is a fencing failure, reported."""
+    earlier owner is a fencing failure, reported. `archive`: the journal's records as the
+    soak kept them while they were written (the broker deleted its head meanwhile)."""
     rows: list[dict[str, Any]] = []
     for shard in range(shards):
         batches = BatchAssembler()
-        for rec in read_all(bootstrap, journal, shard):
+        for rec in (archive[shard] if archive else read_all(bootstrap, journal, shard)):
             part = wire.decode("journal", rec.value())
             if not part["marker"] and not batches.counts(part):
                 report.problems.append(f"shard {shard}: journal offset {rec.offset()} written "

@@ -41,6 +41,9 @@ SINGLE_NODE = {
     "share.coordinator.state.topic.replication.factor": "1",
     "share.coordinator.state.topic.min.isr": "1",
     "group.initial.rebalance.delay.ms": "0",
+    # a broker for tests and trials: retention is applied within seconds of being due (stock:
+    # every 5 minutes), so a short journal_retention shows its effect in a soak
+    "log.retention.check.interval.ms": "10000",
     # Kafka's default minimum is 6 s; kq's fast-failover settings (3 s) and tests go lower.
     # The one departure from a stock broker's group rules, written in the README.
     "group.min.session.timeout.ms": "1000",

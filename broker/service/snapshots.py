@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,8 +47,13 @@ PRODUCER = {"compression.type": "lz4", "linger.ms": 20,
 # reading one back: whole chunks per fetch, many at a time
 READER = {"max.partition.fetch.bytes": 32 * 1024 * 1024, "fetch.max.bytes": 64 * 1024 * 1024,
           "fetch.wait.max.ms": 50}
+TURNS_BEFORE = 500  # the loop's last turns before a snapshot: what its turns are compared with
 SURVEY_FIRST = 16  # records looked at from the partition's end first; four times more each try
 FLUSH_TIMEOUT_S = 60.0
+
+
+def _p99(ordered: list[float]) -> float:
+    return ordered[int(len(ordered) * 0.99)] if ordered else 0.0
 
 
 def _crash_if(point: str) -> None:
@@ -158,13 +164,17 @@ class SnapshotWriter:
         due_now = seen is None or not seen.complete
         self._last_start = float("-inf") if due_now else time.monotonic()
         self.failure: BaseException | None = None
-        # the shard loop's turns while a snapshot is written: what writing it costs the loop
+        # the shard loop's turns while a snapshot is written, and before: what writing one
+        # costs the loop
         self._turns: list[float] = []
+        self._before: deque[float] = deque(maxlen=TURNS_BEFORE)
 
     def turn(self, seconds: float) -> None:
-        """The shard's loop took `seconds` for a turn (recorded while a snapshot is written)."""
+        """The shard's loop took `seconds` for a turn."""
         if self._thread is not None and self._thread.is_alive():
             self._turns.append(seconds)
+        else:
+            self._before.append(seconds)
 
     @property
     def written_offset(self) -> int:
@@ -214,7 +224,8 @@ class SnapshotWriter:
 
     def _write(self) -> None:
         started = time.monotonic()
-        self._turns = []
+        self._turns, before = [], sorted(self._before)
+        self._before.clear()
         frozen = self._store.frozen(self._where)
         try:
             froze_s = time.monotonic() - started
@@ -229,12 +240,12 @@ class SnapshotWriter:
                 self._seen = survey(self._consumer, self.topic, self.shard)
             if meta["offset"] <= self.written_offset:
                 return  # nothing since the newest snapshot
-            self._publish(frozen, meta, froze_s, started)
+            self._publish(frozen, meta, froze_s, started, _p99(before))
         finally:
             frozen.close()
 
     def _publish(self, frozen: Store, meta: dict[str, Any], froze_s: float,
-                 started: float) -> None:
+                 started: float, p99_before: float) -> None:
         assert self._seen is not None
         snapshot = fmt.new_id(meta["offset"])
         offsets: dict[int, int] = {}
@@ -277,12 +288,12 @@ class SnapshotWriter:
         self._metrics.snapshot_bytes.labels(label).set(size)
         self._metrics.snapshot_journal_offset.labels(label).set(meta["offset"])
         turns = sorted(self._turns)
-        p99 = turns[int(len(turns) * 0.99)] if turns else 0.0
         log.info("snapshot of shard %d at journal offset %d: %d entries, %.1f MB in %d "
                  "chunk(s), in %.2f s (state frozen in %.0f ms; the loop's turns meanwhile: "
-                 "p99 %.0f ms, max %.0f ms of %d)", self.shard, meta["offset"], entries,
-                 size / 1e6, count, took, froze_s * 1000, p99 * 1000,
-                 (turns[-1] if turns else 0.0) * 1000, len(turns))
+                 "p99 %.0f ms, max %.0f ms of %d; before: p99 %.0f ms)", self.shard,
+                 meta["offset"], entries, size / 1e6, count, took, froze_s * 1000,
+                 _p99(turns) * 1000, (turns[-1] if turns else 0.0) * 1000, len(turns),
+                 p99_before * 1000)
 
     def _produce(self, key: bytes, value: bytes | None, on_delivery: Any) -> None:
         assert self._producer is not None

@@ -162,3 +162,31 @@ def test_avro_payloads_decode_with_the_schema_and_bad_ones_say_so():
     with pytest.raises(ValueError, match="not Avro"):
         decode("avro", b"\xff\xff\xff", schema)
     assert decode("bytes", b"{}") is None and decode("json", b'{"a": 1}') == {"a": 1}
+
+
+def test_the_journal_keeps_at_least_two_snapshot_intervals():
+    svc = parse_config({}).service
+    assert (svc.snapshot_interval, svc.journal_retention) == (Duration(300_000),
+                                                              Duration(7 * 86_400_000))
+    forever = parse_config({"service": {"journal_retention": "forever"}}).service
+    assert forever.journal_retention is None
+    with pytest.raises(ConfigError, match=r"journal_retention = 5m is shorter than twice "
+                                          r"snapshot_interval \(5m\).*at least 10m"):
+        parse_config({"service": {"journal_retention": "5m"}})
+    with pytest.raises(ConfigError, match="snapshot_interval = 500ms: at least 1s"):
+        parse_config({"service": {"snapshot_interval": "500ms"}})
+
+
+def test_journal_settings_that_could_lose_what_a_restore_needs_are_named():
+    from broker.service.retention import journal_problem
+
+    svc = parse_config({"service": {"snapshot_interval": "1m"}}).service
+    fine = {"retention.ms": "604800000", "retention.bytes": "-1", "cleanup.policy": "delete"}
+    assert journal_problem(fine, svc) is None
+    assert journal_problem({**fine, "retention.ms": "-1"}, svc) is None  # forever
+    assert "retention.ms = 60000 (1m) is shorter" in journal_problem(
+        {**fine, "retention.ms": "60000"}, svc)
+    assert "at least 2m" in journal_problem({**fine, "retention.ms": "60000"}, svc)
+    assert "retention.bytes = 1000" in journal_problem({**fine, "retention.bytes": "1000"}, svc)
+    assert "cleanup.policy = compact" in journal_problem(
+        {**fine, "cleanup.policy": "compact"}, svc)
