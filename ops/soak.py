@@ -111,12 +111,13 @@ class Service:
     def __init__(self, cfg: Path, log: Path, name: str | None = None) -> None:
         self.cfg, self.log, self.name = cfg, log, name
         self.proc: subprocess.Popen[bytes] | None = None
+        self.data_dir = cfg.parent / name if name else cfg.parent / "state"
 
     def start(self, wait_ready: bool = True) -> None:
         before = self.log.read_text().count("ready:") if self.log.exists() else 0
         env = dict(os.environ)
         if self.name:
-            env.update(KQ_INSTANCE=self.name, KQ_DATA_DIR=str(self.cfg.parent / self.name))
+            env.update(KQ_INSTANCE=self.name, KQ_DATA_DIR=str(self.data_dir))
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cli.main", "serve", "--config", str(self.cfg)],
@@ -192,6 +193,7 @@ def _audit(cfg: Path, report: Report, mid_run: bool = False) -> None:
     out = subprocess.run([sys.executable, "-m", "cli.main", "journal", "audit", "--json",
                           "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
+    (cfg.parent / f"audit-{when}.log").write_text(out.stdout + out.stderr)  # kept on problems
     try:
         result = json.loads(out.stdout)
     except ValueError:
@@ -217,9 +219,11 @@ def _wait_all_served(bootstrap: str, prefix: str, topics: list[str], seconds: fl
     return True
 
 
-def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> None:
-    """One event: one instance killed (-9, then restarted), or, with several, maybe frozen
-    past the session timeout instead."""
+def _disturb(instances: list[Service], rnd: random.Random, report: Report,
+             lose_state: float = 0.0) -> None:
+    """One event: one instance killed (-9, then restarted; with probability `lose_state`
+    its data_dir deleted in between), or, with several, maybe frozen past the session
+    timeout instead."""
     victim = rnd.choice(instances)
     if len(instances) > 1 and rnd.random() < 0.5:
         victim.freeze(SESSION_S + rnd.uniform(0.5, 2.0))
@@ -227,13 +231,17 @@ def _disturb(instances: list[Service], rnd: random.Random, report: Report) -> No
     else:
         victim.kill()
         report.kills += 1
+        if rnd.random() < lose_state:
+            shutil.rmtree(victim.data_dir, ignore_errors=True)
+            report.states_lost += 1
         victim.start(wait_ready=len(instances) == 1)
 
 
 def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         min_gap: float = 0.5, max_gap: float = 2.5, seed: int | None = None,
         instances: int = 1, audit: bool = False, exactly_once: bool = False,
-        retention: Retention | None = None, rate: float = 0) -> Report:
+        retention: Retention | None = None, rate: float = 0,
+        lose_state: float = 0.0) -> Report:
     rnd = random.Random(seed)
     u = uuid.uuid4().hex[:6]
     prefix, dlq = f"soak{u}", f"SOAK_{u}_DLQ"
@@ -278,7 +286,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
     try:
         for k in range(kills):
             time.sleep(rnd.uniform(min_gap, max_gap))
-            _disturb(services, rnd, report)
+            _disturb(services, rnd, report, lose_state)
             if audit and k == kills // 2:  # halfway: the queues are deep, leases out
                 if _wait_all_served(bootstrap, prefix, topics, 60):
                     _audit(cfg, report, mid_run=True)
@@ -321,6 +329,11 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         kept = Path(tempfile.mkdtemp(prefix="kq-soak-logs-"))
         for log in tmp.glob("*.log"):
             shutil.copy(log, kept)
+        if archive:  # the journal as it was written: the broker deleted its head
+            with open(kept / "journal.jsonl", "w") as out:
+                for shard, recs in archive.items():
+                    for rec in recs:
+                        out.write(json.dumps([shard, rec.offset(), rec.value().hex()]) + "\n")
         report.problems.insert(0, f"the kq serve and subscriber logs are kept in {kept}")
     return report
 
@@ -342,6 +355,11 @@ def main() -> None:
     ap.add_argument("--exactly-once", action="store_true",
                     help="[service] exactly_once = true: commits are Kafka transactions, and "
                          "the broker fences a frozen owner's writes")
+    ap.add_argument("--kill-gap", type=float, default=1.5,
+                    help="mean seconds between two disturbances (uniform, 1/3 to 5/3 of it)")
+    ap.add_argument("--lose-state", type=float, default=0.0,
+                    help="the share of kills after which the instance's data_dir is deleted "
+                         "(it restores from a snapshot, or the whole journal)")
     ap.add_argument("--rate", type=float, default=0,
                     help="publish at this many messages/s (default: as fast as it goes)")
     ap.add_argument("--snapshot-interval", help='[service] snapshot_interval, e.g. "20s"')
@@ -359,6 +377,7 @@ def main() -> None:
     started = time.monotonic()
     with given_or_started(a.bootstrap, a.broker) as bootstrap, tempfile.TemporaryDirectory() as d:
         report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
+                     min_gap=a.kill_gap / 3, max_gap=a.kill_gap * 5 / 3, lose_state=a.lose_state,
                      instances=a.instances, audit=a.audit, exactly_once=a.exactly_once,
                      retention=retention, rate=a.rate)
     print("\n".join(report.lines()))

@@ -25,14 +25,15 @@ class Report:
     deliveries: int = 0
     redeliveries: int = 0
     dead_letter_records: int = 0
+    states_lost: int = 0  # kills after which the instance's data_dir was deleted
     audited_mid: int | None = None  # messages `kq journal audit` compared mid-run
     audited: int | None = None  # messages `kq journal audit` compared at the end
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         return [
-            f"published {self.published}, instances killed {self.kills} times, "
-            f"frozen {self.freezes} times",
+            f"published {self.published}, instances killed {self.kills} times "
+            f"({self.states_lost} with data_dir lost), frozen {self.freezes} times",
             f"acked {self.acked}, removed {dict(self.removed)}, "
             f"dead-letter records {self.dead_letter_records}",
             f"deliveries seen by subscribers {self.deliveries} "
