@@ -27,7 +27,7 @@ from broker.client.core import (
     subscribe_command,
 )
 from broker.client.message import Message
-from broker.client.sync import Transport, client_name, principal_of
+from broker.client.transport import Transport, client_name, principal_of
 from broker.errors import CommandError, KqError
 
 log = logging.getLogger("kq.client")

@@ -22,7 +22,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -34,7 +33,7 @@ from broker.service import joining
 from broker.service.metrics import Metrics
 from broker.service.service import Service
 from broker.service.standby import Standby
-from broker.service.status import InstanceStatus, StatusBoard
+from broker.service.status import InstanceStatus, StatusBoard, kq_serve_runs
 from broker.service.topics import Topics, TopicWatch, prepare_topics
 
 log = logging.getLogger("kq.instance")
@@ -395,18 +394,3 @@ class Instance:
         for shard in wanted - set(self.standbys):
             log.info("instance %s keeps shard %d warm (standby)", self.name, shard)
             self.standbys[shard] = Standby(self.config, self.bootstrap, shard).start()
-
-
-def kq_serve_runs(pid: int) -> bool:
-    """Whether another process of this host with `pid` runs `kq serve` (True when this
-    system cannot tell: the rule of records then decides)."""
-    if pid <= 0 or pid == os.getpid():  # a container restarted: the same pid, a new run
-        return False
-    if not Path("/proc/self").exists():
-        return True
-    try:
-        return b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True

@@ -7,6 +7,7 @@ With `[service] shards = 1` (the default) the one shard is every queue.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -46,6 +47,7 @@ from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
 from broker.service.memory import release_free_memory
 from broker.service.metrics import Metrics
+from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
@@ -153,7 +155,7 @@ class Service:
             self.inputs = Inputs(io.consumer, io.commands, io.admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
                                  required=(self.topics.journal,), command_partition=self.shard)
-            self.inputs.on_lost = self._say_lost
+            self.inputs.on_lost = functools.partial(say_lost, self.metrics)
             self._configure_queues()
             self._send_again(rec.unsent)
             self.inputs.start()
@@ -334,7 +336,7 @@ class Service:
                 case Journal(transition=t, message=msg):
                     batch.cp.add(t, msg)
                     if t.reason == Reason.TOO_LARGE.value:
-                        self._say_too_large(t.queue, t.bookmark)
+                        say_too_large(self.engine, t.queue, t.bookmark)
                 case Deliver():
                     self._deliver(effect, batch)
                 case DeadLetter():
@@ -352,24 +354,6 @@ class Service:
                 case CommandRejected():
                     log.info("rejected command from %s: %s", effect.client, effect.message)
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
-
-    def _say_lost(self, topic: str, partition: int, start: int, end: int) -> None:
-        """Records of an underlying topic deleted by its retention before kq read them."""
-        self.metrics.lost_to_retention.labels(topic).inc(end - start)
-        log.warning("%s/%d: %d record(s) at offsets %d to %d were deleted by the topic's "
-                    "retention before kq read them: they never reached the queues reading it "
-                    "(kq_records_lost_to_retention_total)", topic, partition, end - start,
-                    start, end - 1)
-
-    def _say_too_large(self, queue: str, bm: Bookmark | None) -> None:
-        """A record no delivery could carry is removed at once: an operator must hear it."""
-        q = self.engine.queues[queue]
-        where = (f"dead-lettered to {q.config.dead_letter_topic} without its value"
-                 if q.config.dead_letter_topic else "dropped (the queue has no dead_letter_topic)")
-        log.warning("queue %s: %s is larger than the largest record kq may deliver (%d bytes: "
-                    "the broker's message.max.bytes less kq's envelope); %s. Raise the "
-                    "broker's and the topics' max.message.bytes to deliver such records",
-                    queue, bm, self.engine.max_message_bytes, where)
 
     # -- effects ---------------------------------------------------------------------------
     def _payload(self, bm: Bookmark, batch: _Batch, queue: str) -> Payload:

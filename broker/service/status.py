@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import TopicPartition
@@ -180,3 +182,18 @@ class StatusBoard:
                 log.info("Kafka did not take the last status record within %.0f s", wait_s)
             self._producer.purge()
         self._consumer.close()
+
+
+def kq_serve_runs(pid: int) -> bool:
+    """Whether another process of this host with `pid` runs `kq serve` (True when this
+    system cannot tell: the rule of records then decides)."""
+    if pid <= 0 or pid == os.getpid():  # a container restarted: the same pid, a new run
+        return False
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        return b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True

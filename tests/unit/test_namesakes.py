@@ -12,8 +12,8 @@ import pytest
 
 from broker.config import parse_config
 from broker.errors import ConfigError
-from broker.service.instance import Instance, kq_serve_runs
-from broker.service.status import InstanceStatus, Namesakes
+from broker.service.instance import Instance
+from broker.service.status import InstanceStatus, Namesakes, kq_serve_runs
 
 TIMEOUT = 6_000
 
