@@ -198,16 +198,6 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         """The record timestamp of the oldest message still in the queue."""
         return self.timestamps.oldest()
 
-    def recovery_points(self, positions: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
-        """Per source partition: the offset below which every message is finished."""
-        points = dict(positions)
-        for (topic, partition), offsets in self.offsets.items():
-            first = offsets.first(lambda o, t=topic, p=partition:  # type: ignore[misc]
-                                  self.find(Bookmark(t, p, o)) is not None)
-            if first is not None:
-                points[(topic, partition)] = min(points.get((topic, partition), first), first)
-        return points
-
     # -- changing --------------------------------------------------------------------------
     def apply(self, t: Transition) -> Message | None:
         """Apply one transition. Return the message it touched (None for subscription kinds)."""

@@ -12,6 +12,7 @@ from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.errors import CommandError, ExpressionError
 from broker.expr import compile_expression
+from broker.values import Bookmark
 
 
 def queue_row(q: QueueState, now: int, subscribers: int) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def answer(engine: Engine, args: dict[str, Any], now: int, positions: PositionsO
     if what == "recovery_points":
         rows = [{"queue": name, "topic": t, "partition": p, "offset": o}
                 for name, q in engine.queues.items()
-                for (t, p), o in sorted(q.recovery_points(positions(name)).items())]
+                for (t, p), o in sorted(recovery_points(q, positions(name)).items())]
         return {"recovery_points": rows}
     raise CommandError(f"unknown query {what!r}")
 
@@ -164,7 +165,7 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
             "not_before_ms": m.not_before_ms, "sort_key": sort_key_of(m),
             "group": q.group_of(m),
         })
-    points = q.recovery_points(positions(name))
+    points = recovery_points(q, positions(name))
     return {
         "summary": queue_row(q, now, len(q.subs)),
         "messages": rows,
@@ -188,3 +189,15 @@ def _groups(engine: Engine, q: QueueState, limit: int) -> list[dict[str, Any]]:
         rows.append({"group": group, "sub_id": sub_id, "holder": sub.client if sub else None,
                      "next": str(head.bookmark) if head else None})
     return rows
+
+
+def recovery_points(q: QueueState, positions: dict[tuple[str, int], int]
+                    ) -> dict[tuple[str, int], int]:
+    """Per source partition of a queue: the offset below which every message is finished."""
+    points = dict(positions)
+    for (topic, partition), offsets in q.offsets.items():
+        first = offsets.first(lambda o, t=topic, p=partition:  # type: ignore[misc]
+                              q.find(Bookmark(t, p, o)) is not None)
+        if first is not None:
+            points[(topic, partition)] = min(points.get((topic, partition), first), first)
+    return points

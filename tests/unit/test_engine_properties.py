@@ -12,6 +12,7 @@ from broker.engine.engine import Engine
 from broker.engine.paging import MemoryPager
 from broker.engine.transitions import Kind
 from broker.expr import Doc
+from broker.service.queries import recovery_points
 from broker.state.layout import Checkpoint, load_engine
 from broker.state.store import MemoryStore
 from broker.values import Bookmark, Duration
@@ -371,7 +372,7 @@ class QueueMachine(RuleBasedStateMachine):
             for m in every:
                 tp = (m.bookmark.topic, m.bookmark.partition)
                 lowest[tp] = min(lowest.get(tp, m.bookmark.offset), m.bookmark.offset)
-            assert q.recovery_points({}) == lowest
+            assert recovery_points(q, {}) == lowest
             seqs = [m.seq for m in every]
             assert seqs == sorted(seqs), "inspect pages read the messages in seq order"
 

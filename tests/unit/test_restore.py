@@ -11,6 +11,7 @@ from broker.engine.engine import Engine
 from broker.engine.paging import MemoryPager
 from broker.engine.queue import Message
 from broker.engine.states import MessageState
+from broker.service.queries import recovery_points
 from broker.state.layout import encode_message, load_engine, message_key
 from broker.state.pager import RocksPager
 from broker.state.store import MemoryStore
@@ -51,7 +52,7 @@ def picture(engine: Engine) -> tuple:
         order = [str(m.bookmark) for m in q.available.values()]
         break
     return (every, q.available_count(), q.depth(), q.stats.next_seq, q.oldest_timestamp(),
-            q.recovery_points({}), order)
+            recovery_points(q, {}), order)
 
 
 @pytest.mark.parametrize("priority", [None, "/p"])
