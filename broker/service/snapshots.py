@@ -50,6 +50,7 @@ READER = {"max.partition.fetch.bytes": 32 * 1024 * 1024, "fetch.max.bytes": 64 *
 TURNS_BEFORE = 500  # the loop's last turns before a snapshot: what its turns are compared with
 SURVEY_FIRST = 16  # records looked at from the partition's end first; four times more each try
 FLUSH_TIMEOUT_S = 60.0
+STOP_BUDGET_S = 2.5  # at a clean stop: the longest wait for its snapshot
 
 
 def _p99(ordered: list[float]) -> float:
@@ -182,9 +183,12 @@ class SnapshotWriter:
         return self._seen.complete[0].journal_offset if self._seen and self._seen.complete else -1
 
     def close(self) -> None:
-        self.wait()
+        """Close its Kafka clients, unless a snapshot given up on still uses them (its
+        thread ends with the process)."""
+        if self.busy:
+            return
         if self._producer is not None:
-            self._producer.flush(5)
+            self._producer.flush(2)
         if self._consumer is not None:
             self._consumer.close()
 
@@ -204,10 +208,20 @@ class SnapshotWriter:
         return True
 
     def write_now(self) -> None:
-        """A snapshot of the state as it is now, waited for (after any being written); a
-        failure is logged (the previous snapshot and the journal still restore)."""
-        self.wait()
-        self._write_logged()
+        """At a clean stop: a snapshot of the state as it is now, after any being written,
+        all within STOP_BUDGET_S. Past it (Kafka slow or away) the stop goes on without it:
+        the previous snapshot and the journal still restore everything."""
+        deadline = time.monotonic() + STOP_BUDGET_S
+        if self._thread is not None:
+            self._thread.join(STOP_BUDGET_S)
+        if not self.busy:
+            self._thread = threading.Thread(target=self._write_logged, daemon=True,
+                                            name=f"kq-snapshot-{self.shard}")
+            self._thread.start()
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self.busy:
+            log.warning("snapshot of shard %d at the stop not written within %.0f s (is Kafka "
+                        "reachable?): stopping without it", self.shard, STOP_BUDGET_S)
 
     def wait(self) -> None:
         if self._thread is not None:
