@@ -61,24 +61,39 @@ def kill_9(serve: ServeProcess) -> None:
     serve.proc.wait(10)
 
 
+def serving(bootstrap: str, tmp_path: Path, stem: str,
+            extra: str = "") -> tuple[str, str, Path, ServeProcess]:
+    """A fresh prefix and topic, one queue on it, snapshots every 2 s, `kq serve` started:
+    (uid, queue, config, the service)."""
+    u = uid()
+    name = f"{stem}_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
+                       extra=extra, service=SNAPSHOTS)
+    return u, name, cfg, ServeProcess(cfg, tmp_path / "serve.log").start()
+
+
+def acks_then_snapshot(bootstrap: str, cfg: Path, serve: ServeProcess, c: QueueClient,
+                       name: str, published: int, taken: int, acked: int) -> tuple[list, int]:
+    """Publish, take `taken` and ack `acked` of them, then wait for a snapshot written after
+    the acks: (the messages taken, that snapshot's journal offset)."""
+    publish(bootstrap, name, [b'{"n": %d}' % i for i in range(published)])
+    got = drain(c.subscribe(name, max_backlog=taken), taken)
+    c.ack(name, [m.bookmark for m in got[:acked]])
+    c.flush()
+    wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == acked, what="the acks")
+    before = last_snapshot_offset(serve.log_path)
+    return got, wait_for(lambda: (o := last_snapshot_offset(serve.log_path)) > before and o,
+                         timeout=20, what="a snapshot after the acks")
+
+
 def test_a_restore_after_retention_deleted_the_journals_head_loads_the_snapshot(
         kafka_bootstrap, tmp_path):
-    u = uid()
-    name = f"RET_{u}"
-    ensure_topic(kafka_bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
-                       kafka_bootstrap, extra='lease_period = "1h"\n', service=SNAPSHOTS)
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    u, name, cfg, serve = serving(kafka_bootstrap, tmp_path, "RET", 'lease_period = "1h"\n')
     try:
-        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(30)])
         with QueueClient(kafka_bootstrap, name=f"w-{u}", topic_prefix=f"kq{u}") as c:
-            got = drain(c.subscribe(name, max_backlog=10), 10)
-            c.ack(name, [m.bookmark for m in got[:6]])
-            c.flush()
-            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 6, what="the acks")
-            taken = last_snapshot_offset(serve.log_path)
-            snapshot_at = wait_for(lambda: (o := last_snapshot_offset(serve.log_path)) > taken
-                                   and o, timeout=20, what="a snapshot after the acks")
+            got, snapshot_at = acks_then_snapshot(kafka_bootstrap, cfg, serve, c, name,
+                                                  published=30, taken=10, acked=6)
             publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(30, 35)])
             wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 29, what="5 more")
             before = inspect(cfg, name)
@@ -102,12 +117,7 @@ def test_a_restore_after_retention_deleted_the_journals_head_loads_the_snapshot(
 
 def test_a_journal_missing_its_head_and_no_snapshot_is_refused_naming_both(
         kafka_bootstrap, tmp_path):
-    u = uid()
-    name = f"RETNO_{u}"
-    ensure_topic(kafka_bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
-                       kafka_bootstrap, service=SNAPSHOTS)
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    u, name, cfg, serve = serving(kafka_bootstrap, tmp_path, "RETNO")
     publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(5)])
     wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 5, what="5 queued")
     serve.stop()
@@ -152,12 +162,7 @@ def test_a_journal_that_could_delete_what_a_restore_needs_is_refused(kafka_boots
 
 def test_records_deleted_by_retention_before_kq_read_them_are_counted_and_logged(
         kafka_bootstrap, tmp_path):
-    u = uid()
-    name = f"LOSS_{u}"
-    ensure_topic(kafka_bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
-                       kafka_bootstrap, service=SNAPSHOTS)
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    u, name, cfg, serve = serving(kafka_bootstrap, tmp_path, "LOSS")
     try:
         publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(5)])
         wait_for(lambda: inspect(cfg, name)["summary"]["depth"] == 5, what="5 queued")
@@ -179,22 +184,11 @@ def test_records_deleted_by_retention_before_kq_read_them_are_counted_and_logged
 
 def test_journal_commands_and_the_audit_answer_from_what_retention_left(kafka_bootstrap,
                                                                        tmp_path):
-    u = uid()
-    name = f"RETJ_{u}"
-    ensure_topic(kafka_bootstrap, name)
-    cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state",
-                       kafka_bootstrap, extra='lease_period = "1h"\n', service=SNAPSHOTS)
-    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    u, name, cfg, serve = serving(kafka_bootstrap, tmp_path, "RETJ", 'lease_period = "1h"\n')
     try:
-        publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(10)])
         with QueueClient(kafka_bootstrap, name=f"w-{u}", topic_prefix=f"kq{u}") as c:
-            got = drain(c.subscribe(name, max_backlog=6), 6)
-            c.ack(name, [m.bookmark for m in got[:4]])
-            c.flush()
-            wait_for(lambda: inspect(cfg, name)["summary"]["acked"] == 4, what="the acks")
-            taken = last_snapshot_offset(serve.log_path)
-            snapshot_at = wait_for(lambda: (o := last_snapshot_offset(serve.log_path)) > taken
-                                   and o, timeout=20, what="a snapshot after the acks")
+            got, snapshot_at = acks_then_snapshot(kafka_bootstrap, cfg, serve, c, name,
+                                                  published=10, taken=6, acked=4)
             publish(kafka_bootstrap, name, [b'{"n": %d}' % i for i in range(10, 13)])
             got[4].ack()  # after the snapshot: in the journal's tail only
             c.flush()
