@@ -52,7 +52,7 @@ def run_rss(bs: str, m: int, leased: int, tmp: Path) -> dict[str, float]:
     # snapshots (SPEC 14): the one written at the clean stop with all of them queued, and
     # what it cost the shard's loop; the rebuild above loaded it
     snaps = re.findall(r"snapshot of shard 0 at journal offset \d+: (\d+) entries, ([\d.]+) MB "
-                       r"in \d+ chunk\(s\), in ([\d.]+) s \(state frozen in (\d+) ms; the "
+                       r"in \d+ chunk\(s\), in ([\d.]+) s \(checkpoint taken in (\d+) ms; the "
                        r"loop's turns meanwhile: p99 (\d+) ms, max (\d+) ms", log.read_text())
     biggest = max(snaps, key=lambda m: int(m[0])) if snaps else ("0",) * 6
     snapshot = {"snapshot_entries": int(biggest[0]), "snapshot_mb": float(biggest[1]),

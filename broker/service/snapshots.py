@@ -303,7 +303,7 @@ class SnapshotWriter:
         self._metrics.snapshot_journal_offset.labels(label).set(meta["offset"])
         turns = sorted(self._turns)
         log.info("snapshot of shard %d at journal offset %d: %d entries, %.1f MB in %d "
-                 "chunk(s), in %.2f s (state frozen in %.0f ms; the loop's turns meanwhile: "
+                 "chunk(s), in %.2f s (checkpoint taken in %.0f ms; the loop's turns meanwhile: "
                  "p99 %.0f ms, max %.0f ms of %d; before: p99 %.0f ms)", self.shard,
                  meta["offset"], entries, size / 1e6, count, took, froze_s * 1000,
                  _p99(turns) * 1000, (turns[-1] if turns else 0.0) * 1000, len(turns),
