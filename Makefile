@@ -24,7 +24,7 @@ run: install
 # Every test that talks to a broker runs twice: on the embedded broker and on Apache Kafka
 # (Java 17 and Maven; skipped with the reason where they are missing, a failure in CI).
 # The 15 slowest tests are listed at the end: the suite must stay under 30 minutes.
-test: install-test docs
+test: install-test docs lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 lint: install-test

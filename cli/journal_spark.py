@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from broker.errors import KqError
 from broker.history import reading
 from cli.common import (
     BootstrapOpt,
@@ -111,11 +112,12 @@ def audit(
 
     src = Source(config, bootstrap_servers)
     with errors_to_exit_codes():
+        bases = _bases(src)
         with QueueClient(src.bootstrap, name="kq-cli", kafka_config=src.kafka,
                          topic_prefix=src.config.service.topic_prefix,
                          request_timeout=timeout) as client:
             snapshot = client.query(what="snapshot")
-        bases = _bases(src, snapshot)
+        _behind(snapshot, bases)
         from broker.pipeline.audit import audit as run_audit
         from broker.pipeline.report import journal_frame
         from broker.pipeline.session import spark_session
@@ -125,6 +127,7 @@ def audit(
             frame = journal_frame(spark, src.bootstrap, src.config.service.topic_prefix,
                                   src.kafka, None, None, None)
             result = run_audit(spark, frame, snapshot, bases)
+        _still_there(src, snapshot, bases)
     if json:
         sys.stdout.write(jsonlib.dumps(result) + "\n")
     elif not result["differences"]:
@@ -142,18 +145,17 @@ def audit(
         raise typer.Exit(1)
 
 
-def _bases(src: Source, answer: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def _bases(src: Source) -> dict[int, dict[str, Any]]:
     """Per shard whose journal's head is gone: the stored snapshot to continue from."""
     from broker.history.snapshot_base import audit_base, journal_start
 
     c = src.consumer()
     try:
         bases = {}
-        for shard in answer.get("shards", [answer]):
-            n = int(shard.get("shard", 0))
+        for n in range(src.config.service.shards):
             start = journal_start(c, src.config, n)
             if start > 0:
-                bases[n] = audit_base(c, src.config, n, int(shard["batch"]))
+                bases[n] = audit_base(c, src.config, n)
                 err_console.print(
                     f"shard {n}: the journal starts at offset {start} (retention deleted the "
                     f"records before): audited from snapshot {bases[n]['snapshot']} (journal "
@@ -161,6 +163,32 @@ def _bases(src: Source, answer: dict[str, Any]) -> dict[int, dict[str, Any]]:
         return bases
     finally:
         c.close()
+
+
+def _behind(answer: dict[str, Any], bases: dict[int, dict[str, Any]]) -> None:
+    """A service whose state is older than a stored snapshot (it restored from an older
+    one meanwhile?) cannot be compared with it."""
+    for shard in answer.get("shards", [answer]):
+        n = int(shard.get("shard", 0))
+        if n in bases and bases[n]["batch"] > int(shard["batch"]):
+            raise KqError(f"shard {n}: the service's state (journal batch {shard['batch']}) is "
+                          f"older than snapshot {bases[n]['snapshot']} (batch "
+                          f"{bases[n]['batch']}): run the audit again")
+
+
+def _still_there(src: Source, answer: dict[str, Any], bases: dict[int, dict[str, Any]]) -> None:
+    """Fail when retention deleted journal records the audit needed while it read them (a
+    journal kept for less than the audit takes): its comparison would be of a part."""
+    from broker.history.snapshot_base import deleted_while_read
+
+    c = src.consumer()
+    try:
+        shards = [int(s.get("shard", 0)) for s in answer.get("shards", [answer])]
+        problem = deleted_while_read(c, src.config, shards, bases)
+    finally:
+        c.close()
+    if problem:
+        raise KqError(problem)
 
 
 def _as_of(batches: list[dict[str, int]]) -> str:

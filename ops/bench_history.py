@@ -39,8 +39,9 @@ from ops.bench import start_service, wait_stat  # noqa: E402
 from ops.bench_roles import publish  # noqa: E402
 
 SNAPSHOT = re.compile(r"snapshot of shard 0 at journal offset (\d+): (\d+) entries, ([\d.]+) MB "
-                      r"in \d+ chunk\(s\), in ([\d.]+) s \(checkpoint taken in (\d+) ms; the loop's "
-                      r"turns meanwhile: p99 (\d+) ms, max (\d+) ms of \d+; before: p99 (\d+) ms")
+                      r"in \d+ chunk\(s\), in ([\d.]+) s \(checkpoint taken in (\d+) ms; "
+                      r"the loop's turns meanwhile: p99 (\d+) ms, max (\d+) ms of \d+; "
+                      r"before: p99 (\d+) ms")
 
 
 @contextlib.contextmanager

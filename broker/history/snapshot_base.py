@@ -26,14 +26,32 @@ def journal_start(c: Consumer, config: Config, shard: int) -> int:
     return low
 
 
-def audit_base(c: Consumer, config: Config, shard: int, batch: int) -> dict[str, Any]:
-    """The shard's state as of its newest snapshot that the journal continues (taken at or
-    before journal batch `batch`), in the shape of the service's own state answer (rows and
-    counters), with the journal offset it reflects (`after_offset`)."""
+def deleted_while_read(c: Consumer, config: Config, shards: list[int],
+                       bases: dict[int, dict[str, Any]]) -> str | None:
+    """What retention deleted of the journal that a reader started at these snapshots
+    (`bases`, by shard; the journal's start for the others) still needed, or None."""
+    journal = Topics(config.service.topic_prefix).journal
+    for shard in shards:
+        needed = bases[shard]["after_offset"] + 1 if shard in bases else 0
+        start = journal_start(c, config, shard)
+        if start > needed:
+            return (f"retention deleted {journal} partition {shard} up to offset {start} "
+                    f"while it was read (from offset {needed}): what was read is incomplete. "
+                    f"Run it again (it starts from the newest snapshot), and keep the journal "
+                    f"longer than a read takes (journal_retention)")
+    return None
+
+
+def audit_base(c: Consumer, config: Config, shard: int) -> dict[str, Any]:
+    """The shard's state as of its newest snapshot that the journal continues, read into
+    memory before the service is asked for its state (so the service's batch is at least
+    the snapshot's, however soon a newer snapshot replaces it), in the shape of the
+    service's own state answer (rows and counters), with the journal offset it reflects
+    (`after_offset`) and its batch."""
     topics = Topics(config.service.topic_prefix)
     start = journal_start(c, config, shard)
     seen = survey(c, topics.snapshots, shard)
-    usable = [f for f in seen.complete if f.batch <= batch and f.journal_offset >= start - 1]
+    usable = [f for f in seen.complete if f.journal_offset >= start - 1]
     if not usable:
         raise KqError(
             f"the journal {topics.journal} partition {shard} starts at offset {start} "

@@ -18,6 +18,7 @@ from broker.errors import KqError
 from broker.kafka.clients import take, watermarks
 
 IDLE_S = 0.3  # a partition read this long without a record has ended (for now)
+PAST_END_S = 1.0  # read past the reported ends at most this long (see real_ends)
 STALL_S = 30.0  # records that should be there but do not come: an error
 
 
@@ -25,7 +26,9 @@ def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str,
                                                                       tuple[int, int]]:
     """Per (topic, partition): (first offset, the offset after the last record), the end
     found by reading on from the reported high watermark: each partition's record there
-    must come (however slow the broker is), then everything after it until all are quiet."""
+    must come (however slow the broker is), then what follows it until all are quiet, or
+    for PAST_END_S at most (a partition written all the time is never quiet: its end is
+    where the reading stopped, a moment after the call, as good an end as any)."""
     found: dict[tuple[str, int], tuple[int, int]] = {}
     start: list[TopicPartition] = []
     for topic, p in partitions:
@@ -39,7 +42,13 @@ def real_ends(c: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str,
     c.assign(start)
     try:
         last_seen = time.monotonic()
-        while waiting or time.monotonic() - last_seen < IDLE_S:
+        reached: float | None = None  # when the last partition waited for was reached
+        while True:
+            now = time.monotonic()
+            if not waiting:
+                reached = reached or now
+                if now - last_seen >= IDLE_S or now - reached >= PAST_END_S:
+                    break
             for rec in take(c, 1000, 0.05):
                 if rec.error() is not None:
                     continue

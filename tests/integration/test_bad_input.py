@@ -368,8 +368,8 @@ def test_the_broker_restarting_empty_under_the_service_stops_it_cleanly(tmp_path
 
 def test_with_kafka_gone_a_stop_is_prompt_and_nothing_is_taken_for_a_freeze(tmp_path):
     """Kafka away: the service keeps turning (no listing of topics holds it up, so no
-    false "loop did not turn" alarm), and SIGTERM ends it in seconds, not a row of Kafka timeouts that
-    could outlast an orchestrator's grace period."""
+    false "loop did not turn" alarm), and SIGTERM ends it in seconds, not a row of Kafka
+    timeouts that could outlast an orchestrator's grace period."""
     broker = EmbeddedBroker(port=free_port()).start()
     bootstrap = broker.bootstrap_servers
     cfg = write_config(tmp_path / "kq.toml", "kq", ["Q0", "Q1"], tmp_path / "state",

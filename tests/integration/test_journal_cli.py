@@ -3,6 +3,7 @@ stopped (they read Kafka only)."""
 
 import base64
 import json
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -11,6 +12,8 @@ from confluent_kafka import Producer
 
 from broker import wire
 from broker.client import QueueClient
+from broker.kafka import clients
+from broker.kafka.ranges import real_ends
 from tests.integration.kit import (
     drain,
     ensure_topic,
@@ -185,3 +188,38 @@ def test_replay_on_spark_gives_what_the_local_replay_gives(bootstrap, tmp_path):
                 for p in range(3)}
 
     assert by_partition(spark) == by_partition(local)  # same records, same order, same place
+
+
+def test_the_end_of_a_partition_written_all_the_time_is_found_in_seconds(bootstrap):
+    """A busy service's journal is never quiet: reading it (dump, grep, the Spark sources,
+    the audit) must still find an end, one that holds every record written before the call,
+    instead of waiting for a pause that never comes."""
+    topic = f"busy-{uid()}"
+    ensure_topic(bootstrap, topic)
+    acked = [0]
+    stop = threading.Event()
+
+    def write() -> None:
+        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+        while not stop.is_set():
+            p.produce(topic, b"x", on_delivery=lambda err, _: acked.__setitem__(
+                0, acked[0] + (err is None)))
+            p.poll(0.002)
+        p.flush(10)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    c = clients.consumer(bootstrap)
+    try:
+        wait_for(lambda: acked[0] > 500, 30, "the writer under way")
+        written = acked[0]
+        started = time.monotonic()
+        (low, end), = real_ends(c, [(topic, 0)]).values()
+        took = time.monotonic() - started
+        assert written > 0 and end >= written and low == 0
+        assert took < 5, f"finding the end took {took:.1f} s"
+        assert wait_for(lambda: acked[0] > end + 100, 30, "the writer going on")
+    finally:
+        stop.set()
+        writer.join()
+        c.close()

@@ -220,3 +220,35 @@ def test_journal_commands_and_the_audit_answer_from_what_retention_left(kafka_bo
             assert "holds its records from" in report.stderr
     finally:
         serve.stop()
+
+
+def test_a_read_whose_journal_retention_deleted_meanwhile_is_called_incomplete(kafka_bootstrap,
+                                                                            tmp_path):
+    """Retention deleting journal records an audit still needed while it read them (a
+    journal kept for less than a read takes): the audit must fail naming it, not report
+    the differences a partial journal makes."""
+    from broker.config import load_config
+    from broker.history.snapshot_base import deleted_while_read
+    from broker.kafka import clients
+
+    prefix = f"dw{uid()}"
+    cfg = load_config(write_config(tmp_path / "kq.toml", prefix, ["Q"], tmp_path / "s",
+                                   kafka_bootstrap))
+    journal = f"{prefix}.journal"
+    ensure_topic(kafka_bootstrap, journal, partitions=2)
+    publish(kafka_bootstrap, journal, [b"part"] * 10, key=b"k")  # one partition: shard 1
+    c = clients.consumer(kafka_bootstrap)
+    try:
+        shard = next(p for p in (0, 1) if clients.watermarks(c, journal, p)[1] == 10)
+        base = {shard: {"after_offset": 3}}
+        assert deleted_while_read(c, cfg, [0, 1], base) is None
+        delete_before(kafka_bootstrap, journal, 4, partition=shard)  # just what it needs
+        assert deleted_while_read(c, cfg, [0, 1], base) is None
+        delete_before(kafka_bootstrap, journal, 6, partition=shard)
+        problem = deleted_while_read(c, cfg, [0, 1], base)
+        assert problem is not None and f"{journal} partition {shard} up to offset 6" in problem
+        assert "from offset 4" in problem and "journal_retention" in problem
+        # a shard audited from the journal's start needs all of it
+        assert "from offset 0" in (deleted_while_read(c, cfg, [shard], {}) or "")
+    finally:
+        c.close()
