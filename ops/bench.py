@@ -37,14 +37,37 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from broker.kafka import clients  # noqa: E402
+from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_roles import percentile, publish  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
+def spawn(*args: str, stats_dir: Path | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(ROOT / "ops" / "bench_roles.py"), *args],
-                            cwd=ROOT)
+                            cwd=ROOT, env=stats_env(stats_dir))
+
+
+def stats_env(folder: Path | None) -> dict[str, str]:
+    """The environment of a role whose Kafka requests are counted into `folder`."""
+    env = dict(os.environ)
+    if folder is not None:
+        env[kafka_stats.ENV] = str(folder)
+    return env
+
+
+def kafka_per_msg(readings: dict[str, tuple[dict, dict]], n: int) -> dict[str, dict]:
+    """Per role: Kafka requests (all, and the main kinds) and records per message between
+    two readings of its counters (librdkafka's statistics)."""
+    out = {}
+    for role, (before, after) in readings.items():
+        d = kafka_stats.difference(after, before)
+        kinds = {k: round(v / n, 3) for k, v in d["requests"].items() if v >= n / 1000}
+        out[role] = {"requests": round(sum(d["requests"].values()) / n, 3), "by_kind": kinds,
+                     "records_out": round(d["records_out"] / n, 3),
+                     "records_in": round(d["records_in"] / n, 3),
+                     "bytes_out": round(d["bytes_out"] / n), "bytes_in": round(d["bytes_in"] / n)}
+    return out
 
 
 def collect(files: list[Path]) -> list[float]:
@@ -70,13 +93,17 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
     machine_before, broker_before = machine_cpu_seconds(), broker_cpu(bs)
+    counted = {role: tmp / f"{run}-kafka-{role}" for role in ("service", "subscribers")}
     start = time.monotonic()
-    workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i])) for i in range(subs)]
-    relay = spawn("_relay", bs, run, str(n), str(subs))
+    workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i]),
+                     stats_dir=counted["subscribers"]) for i in range(subs)]
+    relay = spawn("_relay", bs, run, str(n), str(subs), stats_dir=counted["service"])
     relay_s = wait_cpu(relay)
     drain_s, end_wall = time.monotonic() - start, time.time()
     machine_s = machine_cpu_seconds() - machine_before
     broker_s = broker_cpu(bs) - broker_before
+    zero = kafka_stats.totals([])
+    kafka = kafka_per_msg({role: (zero, kafka_stats.read(d)) for role, d in counted.items()}, n)
     for w in workers:
         w.wait()
     cpu = {"broker": broker_s, "service": relay_s, "subscribers": subscribers_cpu(outs),
@@ -97,7 +124,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
-            "machine_busy_cores": machine_s / drain_s}
+            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka}
 
 
 def latency(lat: list[float]) -> dict[str, float]:
@@ -137,11 +164,13 @@ def write_config(tmp: Path, bs: str, prefix: str, queue: str, backlog: int = 100
     return cfg
 
 
-def start_service(cfg: Path, log: Path) -> tuple[subprocess.Popen[bytes], float]:
+def start_service(cfg: Path, log: Path,
+                  stats_dir: Path | None = None) -> tuple[subprocess.Popen[bytes], float]:
     started = time.monotonic()
     f = open(log, "ab")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", "--config", str(cfg)],
-                            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+                            cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env=stats_env(stats_dir))
     before = log.read_text().count("ready:") if log.exists() else 0
     while log.read_text().count("ready:") <= before:
         if proc.poll() is not None:
@@ -195,21 +224,27 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
     queue = f"{prefix}_Q"
     clients.ensure_topics(clients.admin(bs), [queue])
     publish(bs, queue, n)
-    proc, _ = start_service(write_config(tmp, bs, prefix, queue), tmp / f"{prefix}.log")
+    counted = {role: tmp / f"{prefix}-kafka-{role}" for role in ("service", "subscribers")}
+    proc, _ = start_service(write_config(tmp, bs, prefix, queue), tmp / f"{prefix}.log",
+                            stats_dir=counted["service"])
     try:
         wait_stat(bs, prefix, queue, "enqueued", n)
         outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
         spy = profiler(proc.pid, profile)
         cpu_before, machine_before = cpu_seconds(proc.pid), machine_cpu_seconds()
         broker_before = broker_cpu(bs)
+        before = {role: kafka_stats.read(d) for role, d in counted.items()}
         start = time.monotonic()
-        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog))
-                   for i in range(subs)]
+        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog),
+                         stats_dir=counted["subscribers"]) for i in range(subs)]
         wait_stat(bs, prefix, queue, "acked", n)
         drain_s, end_wall = time.monotonic() - start, time.time()
         cpu_s = cpu_seconds(proc.pid) - cpu_before
         machine_s = machine_cpu_seconds() - machine_before
         broker_s = broker_cpu(bs) - broker_before
+        time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # the last reports of the drain
+        kafka = kafka_per_msg({role: (before[role], kafka_stats.read(d))
+                               for role, d in counted.items()}, n)
         stop_profiler(spy)
         for w in workers:
             w.wait()
@@ -230,7 +265,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
-            "machine_busy_cores": machine_s / drain_s}
+            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka}
 
 
 def wait_cpu(proc: subprocess.Popen[bytes]) -> float:

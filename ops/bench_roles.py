@@ -16,16 +16,17 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from broker.kafka import clients  # noqa: E402
+from broker.kafka import clients, stats  # noqa: E402
 
 
 def _producer(bs: str) -> Producer:
-    return Producer({"bootstrap.servers": bs, "linger.ms": 5})
+    return Producer({"bootstrap.servers": bs, "linger.ms": 5, **stats.settings()})
 
 
 def _consumer(bs: str, topics: list[str]) -> Consumer:
     c = Consumer({"bootstrap.servers": bs, "group.id": "bench", "enable.auto.commit": False,
-                  "fetch.wait.max.ms": 10, "auto.offset.reset": "earliest"})
+                  "fetch.wait.max.ms": 10, "auto.offset.reset": "earliest",
+                  **stats.settings()})
     c.assign([TopicPartition(t, 0, 0) for t in topics])
     return c
 
@@ -82,6 +83,7 @@ def role_relay(bs: str, run: str, n: int, subs: int) -> None:
                 acks += 1
         p.poll(0)
     p.flush(10)
+    stats.settle(c, p)
 
 
 def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:

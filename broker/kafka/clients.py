@@ -18,6 +18,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from broker.errors import ConfigError, KafkaUnavailableError
+from broker.kafka import stats
 from broker.values import Bookmark
 
 log = logging.getLogger("kq.kafka")
@@ -87,7 +88,7 @@ def base_config(bootstrap: str, extra: Settings | None = None,
 def _build(kind: Any, cfg: dict[str, Any]) -> Any:
     """A client; settings librdkafka refuses are a configuration error, not an outage."""
     try:
-        return kind(cfg)
+        return kind({**cfg, **stats.settings()})
     except (KafkaException, ValueError, TypeError) as exc:
         detail = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
         raise ConfigError(f"[service.kafka] (Kafka client settings): {detail}") from None

@@ -1,0 +1,38 @@
+"""The benchmark's Kafka request counts: librdkafka's statistics summed per process, and the
+difference between two readings."""
+
+import json
+
+from broker.kafka import stats
+
+
+def report(name: str, produce: int, fetch: int, out: int, into: int) -> str:
+    return json.dumps({
+        "name": name, "txmsgs": out, "rxmsgs": into, "tx_bytes": out * 100, "rx_bytes": into * 90,
+        "brokers": {
+            "127.0.0.1:9092/bootstrap": {"req": {"Metadata": 1, "Produce": 0}},
+            "127.0.0.1:9092/1": {"req": {"Produce": produce, "Fetch": fetch, "Heartbeat": 0}},
+        }})
+
+
+def test_a_process_keeps_the_totals_of_all_its_clients_and_a_reader_takes_differences(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(stats.ENV, str(tmp_path))
+    monkeypatch.setattr(stats, "_latest", {})
+    assert stats.settings()["statistics.interval.ms"] == stats.INTERVAL_MS
+    stats._on_stats(report("producer-1", produce=10, fetch=0, out=500, into=0))
+    stats._on_stats(report("consumer-2", produce=0, fetch=40, out=0, into=480))
+    first = stats.read(tmp_path)
+    assert first["requests"] == {"Metadata": 2, "Produce": 10, "Fetch": 40}
+    assert (first["records_out"], first["records_in"]) == (500, 480)
+    # a later report of one client replaces its earlier one (the figures are cumulative)
+    stats._on_stats(report("producer-1", produce=25, fetch=0, out=900, into=0))
+    later = stats.difference(stats.read(tmp_path), first)
+    assert later["requests"] == {"Fetch": 0, "Metadata": 0, "Produce": 15}
+    assert (later["records_out"], later["bytes_out"]) == (400, 40_000)
+
+
+def test_without_the_variable_no_client_is_changed(monkeypatch, tmp_path):
+    monkeypatch.delenv(stats.ENV, raising=False)
+    assert stats.settings() == {}
+    assert stats.read(tmp_path / "nothing")["requests"] == {}
