@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 ENV = "KQ_KAFKA_STATS"
 INTERVAL_MS = 250
 
-_latest: dict[str, dict[str, Any]] = {}  # per client (librdkafka's name): its last report
+_latest: dict[str, dict[str, Any]] = {}
+_lock = threading.Lock()  # per client (librdkafka's name): its last report
 
 
 def settings() -> dict[str, Any]:
@@ -42,7 +44,16 @@ def settle(*clients: Any) -> None:
 
 
 def _on_stats(text: str) -> None:
-    report = json.loads(text)
+    """Called by librdkafka in whichever thread polls the client: a lock keeps the threads'
+    writes apart, and a failure to write is dropped (counting must never stop a client)."""
+    try:
+        with _lock:
+            _record(json.loads(text))
+    except (OSError, ValueError, KeyError):
+        pass
+
+
+def _record(report: dict[str, Any]) -> None:
     requests: Counter[str] = Counter()
     for broker in report.get("brokers", {}).values():
         requests.update({kind: n for kind, n in broker.get("req", {}).items() if n})

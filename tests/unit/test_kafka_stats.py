@@ -36,3 +36,28 @@ def test_without_the_variable_no_client_is_changed(monkeypatch, tmp_path):
     monkeypatch.delenv(stats.ENV, raising=False)
     assert stats.settings() == {}
     assert stats.read(tmp_path / "nothing")["requests"] == {}
+
+
+def test_clients_polled_from_several_threads_report_without_a_failure(tmp_path, monkeypatch):
+    """librdkafka calls back in whichever thread polls: the service polls its clients from
+    several, and a failed write must never surface in a poll."""
+    import threading
+
+    monkeypatch.setenv(stats.ENV, str(tmp_path))
+    monkeypatch.setattr(stats, "_latest", {})
+    failures = []
+
+    def client(name: str) -> None:
+        try:
+            for i in range(50):
+                stats._on_stats(report(name, produce=i, fetch=i, out=i, into=i))
+        except Exception as exc:  # noqa: BLE001 - what the test looks for
+            failures.append(exc)
+
+    threads = [threading.Thread(target=client, args=(f"c{n}",)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert stats.read(tmp_path)["requests"]["Produce"] == 8 * 49
