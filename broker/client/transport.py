@@ -38,7 +38,8 @@ class Transport:
         self.producer = clients.producer(bootstrap_servers, extra, **{
             "linger.ms": 1, "enable.idempotence": False,
             "max.in.flight.requests.per.connection": 1, "allow.auto.create.topics": False})
-        self.consumer = clients.consumer(bootstrap_servers, extra)
+        self.consumer = clients.consumer(bootstrap_servers, extra, **{
+            "fetch.wait.max.ms": clients.fetch_wait_ms(self.admin)})
         start = clients.end_offset(self.consumer, self.deliver_topic, 0)
         self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
         self.read_lock = threading.Lock()

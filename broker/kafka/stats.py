@@ -1,8 +1,8 @@
 """Kafka requests counted per process, for the benchmark's "where the cost goes".
 
 With the environment variable KQ_KAFKA_STATS=DIR, every Kafka client a process makes through
-`broker.kafka.clients` (and the benchmark's own relay) reports librdkafka's statistics four
-times a second, and the process keeps the totals of all its clients in DIR/<pid>.json:
+`broker.kafka.clients` (and the benchmark's own relay) reports librdkafka's statistics every
+second, and the process keeps the totals of all its clients in DIR/<pid>.json:
 requests sent by type (Produce, Fetch, ...), records and bytes sent and received. The
 figures are cumulative; a reader takes the difference between two readings. Without the
 variable nothing is added to any client.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "KQ_KAFKA_STATS"
-INTERVAL_MS = 250
+INTERVAL_MS = 1000
 
 _latest: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()  # per client (librdkafka's name): its last report
