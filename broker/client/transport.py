@@ -39,7 +39,7 @@ class Transport:
             "linger.ms": 1, "enable.idempotence": False,
             "max.in.flight.requests.per.connection": 1, "allow.auto.create.topics": False})
         self.consumer = clients.consumer(bootstrap_servers, extra, **{
-            "fetch.wait.max.ms": clients.fetch_wait_ms(self.admin)})
+            "fetch.wait.max.ms": clients.fetch_wait_ms(bootstrap_servers, extra)})
         start = clients.end_offset(self.consumer, self.deliver_topic, 0)
         self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
         self.read_lock = threading.Lock()

@@ -137,12 +137,11 @@ LONG_FETCH_WAIT_MS = 100
 _answers_at_once: dict[str, bool] = {}
 
 
-def fetch_wait_ms(admin_client: AdminClient) -> int:
+def fetch_wait_ms(bootstrap: str, extra: Settings | None = None) -> int:
     """The `fetch.wait.max.ms` for long-lived consumers of this cluster (asked once per
     process and cluster; a broker that does not say, or will not, gets the short wait)."""
-    bootstrap = getattr(admin_client, "kq_bootstrap", "")
     if bootstrap not in _answers_at_once:
-        _answers_at_once[bootstrap] = _has_fetch_purgatory(admin_client)
+        _answers_at_once[bootstrap] = _has_fetch_purgatory(admin(bootstrap, extra))
     return LONG_FETCH_WAIT_MS if _answers_at_once[bootstrap] else SHORT_FETCH_WAIT_MS
 
 

@@ -64,7 +64,9 @@ def _record(report: dict[str, Any]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(totals(_latest.values())))
+    kept = {**totals(_latest.values()),
+            "clients": {name: sum(r["requests"].values()) for name, r in _latest.items()}}
+    tmp.write_text(json.dumps(kept))
     tmp.replace(path)  # a reader never sees half a file
 
 

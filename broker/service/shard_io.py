@@ -48,7 +48,7 @@ class ShardIO:
         producer = clients.service_producer(bootstrap, extra, (
             f"{topics.prefix}.shard.{shard}" if svc.exactly_once else None))
         # Sources prefetch little: what is fetched ahead is memory, and delays commands.
-        wait = clients.fetch_wait_ms(admin)
+        wait = clients.fetch_wait_ms(bootstrap, extra)
         consumer = clients.consumer(bootstrap, extra, **{
             "queued.min.messages": 2000, "queued.max.messages.kbytes": 16384,
             "fetch.wait.max.ms": wait})

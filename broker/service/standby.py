@@ -67,7 +67,8 @@ class Standby:
         pager = RocksPager(where / "pager", budget // 2)
         engine = Engine(self.config.queues_of_shard(self.shard), svc.heartbeat_timeout.ms)
         engine.use_pager(pager)
-        journal = clients.consumer(self.bootstrap, extra)
+        journal = clients.consumer(self.bootstrap, extra, **{
+            "fetch.wait.max.ms": clients.fetch_wait_ms(self.bootstrap, extra)})
         reader = clients.consumer(self.bootstrap, extra, **READER)
         fetcher = clients.consumer(self.bootstrap, extra)
         try:

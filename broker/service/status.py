@@ -118,7 +118,8 @@ class StatusBoard:
         self.topic, self.timeout_ms = topic, max(timeout_ms, 3 * 2000)
         self.namesakes = Namesakes(me, self.timeout_ms) if me is not None else None
         self._producer = clients.producer(bootstrap, extra, **{"allow.auto.create.topics": False})
-        self._consumer = clients.consumer(bootstrap, extra)
+        self._consumer = clients.consumer(bootstrap, extra, **{
+            "fetch.wait.max.ms": clients.fetch_wait_ms(bootstrap, extra)})
         self.latest = read_statuses(self._consumer, topic, bootstrap)
         _, high = clients.watermarks(self._consumer, topic, 0, bootstrap)
         self._consumer.assign([TopicPartition(topic, 0, max(0, high))])

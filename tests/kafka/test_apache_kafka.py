@@ -216,3 +216,33 @@ def test_kq_broker_apache_serves_and_leaves_nothing_behind_when_its_owner_is_kil
         time.sleep(0.2)
     assert not port_open("127.0.0.1", port), "Apache Kafka outlived its owner"
     assert not data.exists(), "its data directory was left behind"
+
+
+def test_an_idle_subscriber_costs_kafka_few_requests_and_still_gets_a_message_at_once(
+        kafka_bootstrap, tmp_path, monkeypatch):
+    """Apache Kafka answers a fetch as soon as a record arrives, so the client's consumer may
+    wait long per fetch: idle, it sends a few requests a second instead of 200, and a
+    message published then still reaches it within milliseconds."""
+    from broker.kafka import stats
+    from tests.integration.kit import serving_one_queue
+
+    monkeypatch.setenv(stats.ENV, str(tmp_path / "counted"))
+    with serving_one_queue(kafka_bootstrap, tmp_path, "IDLE") as (name, _, prefix, _serve):
+        with QueueClient(kafka_bootstrap, topic_prefix=prefix, name=f"w{uid()}") as c:
+            sub = c.subscribe(name, max_backlog=10)
+            waits = []
+            for i in range(5):
+                assert not drain(sub, 0, timeout=1.5)  # idle a while: nothing to read
+                sent = time.time()
+                publish(kafka_bootstrap, name, [b'{"n": %d}' % i])
+                (m,) = drain(sub, 1)
+                waits.append(time.time() - sent)
+                m.ack()
+            before = stats.read(tmp_path / "counted")
+            time.sleep(3)  # idle: only fetches that come back empty
+            idle = stats.difference(stats.read(tmp_path / "counted"), before)
+    fetches = idle["requests"].get("Fetch", 0)
+    # five long-lived consumers (the client's, the service's inputs, commands, status and
+    # group): about 10 fetches a second each; with 5 ms waits it was over 2,000 in 3 s
+    assert fetches < 300, f"{fetches} fetch requests in 3 s idle (client and service)"
+    assert sorted(waits)[2] < 0.1, f"publish -> delivery took {waits} s"
