@@ -227,20 +227,20 @@ def test_an_idle_subscriber_costs_kafka_few_requests_and_still_gets_a_message_at
     from tests.integration.kit import serving_one_queue
 
     monkeypatch.setenv(stats.ENV, str(tmp_path / "counted"))
-    with serving_one_queue(kafka_bootstrap, tmp_path, "IDLE") as (name, _, prefix, _serve):
-        with QueueClient(kafka_bootstrap, topic_prefix=prefix, name=f"w{uid()}") as c:
-            sub = c.subscribe(name, max_backlog=10)
-            waits = []
-            for i in range(5):
-                assert not drain(sub, 0, timeout=1.5)  # idle a while: nothing to read
-                sent = time.time()
-                publish(kafka_bootstrap, name, [b'{"n": %d}' % i])
-                (m,) = drain(sub, 1)
-                waits.append(time.time() - sent)
-                m.ack()
-            before = stats.read(tmp_path / "counted")
-            time.sleep(3)  # idle: only fetches that come back empty
-            idle = stats.difference(stats.read(tmp_path / "counted"), before)
+    with serving_one_queue(kafka_bootstrap, tmp_path, "IDLE") as (name, _, prefix, _serve), \
+            QueueClient(kafka_bootstrap, topic_prefix=prefix, name=f"w{uid()}") as c:
+        sub = c.subscribe(name, max_backlog=10)
+        waits = []
+        for i in range(5):
+            assert not drain(sub, 0, timeout=1.5)  # idle a while: nothing to read
+            sent = time.time()
+            publish(kafka_bootstrap, name, [b'{"n": %d}' % i])
+            (m,) = drain(sub, 1)
+            waits.append(time.time() - sent)
+            m.ack()
+        before = stats.read(tmp_path / "counted")
+        time.sleep(3)  # idle: only fetches that come back empty
+        idle = stats.difference(stats.read(tmp_path / "counted"), before)
     fetches = idle["requests"].get("Fetch", 0)
     # five long-lived consumers (the client's, the service's inputs, commands, status and
     # group): about 10 fetches a second each; with 5 ms waits it was over 2,000 in 3 s
