@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from broker.kafka import clients  # noqa: E402
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
+from ops.bench_kafka import kafka_per_msg, stats_env  # noqa: E402
 from ops.bench_roles import percentile, publish  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -46,28 +47,6 @@ from ops.bench_roles import percentile, publish  # noqa: E402
 def spawn(*args: str, stats_dir: Path | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, str(ROOT / "ops" / "bench_roles.py"), *args],
                             cwd=ROOT, env=stats_env(stats_dir))
-
-
-def stats_env(folder: Path | None) -> dict[str, str]:
-    """The environment of a role whose Kafka requests are counted into `folder`."""
-    env = dict(os.environ)
-    if folder is not None:
-        env[kafka_stats.ENV] = str(folder)
-    return env
-
-
-def kafka_per_msg(readings: dict[str, tuple[dict, dict]], n: int) -> dict[str, dict]:
-    """Per role: Kafka requests (all, and the main kinds) and records per message between
-    two readings of its counters (librdkafka's statistics)."""
-    out = {}
-    for role, (before, after) in readings.items():
-        d = kafka_stats.difference(after, before)
-        kinds = {k: round(v / n, 3) for k, v in d["requests"].items() if v >= n / 1000}
-        out[role] = {"requests": round(sum(d["requests"].values()) / n, 3), "by_kind": kinds,
-                     "records_out": round(d["records_out"] / n, 3),
-                     "records_in": round(d["records_in"] / n, 3),
-                     "bytes_out": round(d["bytes_out"] / n), "bytes_in": round(d["bytes_in"] / n)}
-    return out
 
 
 def collect(files: list[Path]) -> list[float]:

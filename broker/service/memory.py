@@ -1,9 +1,11 @@
-"""Giving memory back to the system once a burst of work is over."""
+"""Memory: given back to the system once a burst of work is over; the garbage collector's
+work kept off the loop."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 
 
 def _malloc_trim() -> object | None:
@@ -27,3 +29,17 @@ def release_free_memory() -> None:
     """
     if _TRIM is not None:
         _TRIM(0)  # type: ignore[operator]
+
+
+# Allocations between two collections of the young objects (Python's default is 700): each
+# batch makes and drops tens of thousands of objects, and a collection of the older ones
+# (rarer, every 10 x 100 of these) walks every message in memory.
+GC_YOUNG = 20_000
+
+
+def calm_collector() -> None:
+    """Once a shard is ready: what its start built lives on, so the collector need not scan
+    it again (frozen), and young objects are collected less often. The loop's pauses for
+    collections were its p99 latency."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, 10, 100)

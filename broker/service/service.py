@@ -8,7 +8,6 @@ With `[service] shards = 1` (the default) the one shard is every queue.
 from __future__ import annotations
 
 import functools
-import gc
 import json
 import logging
 import os
@@ -46,7 +45,7 @@ from broker.service.docs import Docs
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
-from broker.service.memory import release_free_memory
+from broker.service.memory import calm_collector, release_free_memory
 from broker.service.metrics import Metrics
 from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
@@ -63,10 +62,6 @@ from broker.values import NOTICE, Bookmark
 log = logging.getLogger("kq.service")
 
 BATCH_SIZE = 1000
-# Allocations between two collections of the young objects (Python's default is 700): each
-# batch makes and drops tens of thousands of objects, and a collection of the older ones
-# (rarer, every 10 x 100 of these) walks every message in memory.
-GC_YOUNG = 20_000
 SLOW_BATCH_S = 0.5
 DEAF_S = 0.5  # a loop turn later: the time beyond it is not the clients' silence (Engine.deaf_for)
 DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
@@ -165,8 +160,7 @@ class Service:
             self._send_again(rec.unsent)
             self.inputs.start()
             self.ready.set()
-            gc.freeze()  # what the start built lives on: the collector need not scan it again
-            gc.set_threshold(GC_YOUNG, 10, 100)
+            calm_collector()
             log.info("ready: shard %d, %d queue(s), %d batch(es) replayed from the journal",
                      self.shard, len(self.engine.queues), rec.replayed_batches)
             while not self._stop.is_set():

@@ -1,0 +1,32 @@
+"""The benchmark's Kafka request counts: each role's processes report their clients'
+librdkafka statistics into a folder of their own (`broker.kafka.stats`), and a phase reads
+the folders before and after its drain."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker.kafka import stats as kafka_stats
+
+
+def stats_env(folder: Path | None) -> dict[str, str]:
+    """The environment of a role whose Kafka requests are counted into `folder`."""
+    env = dict(os.environ)
+    if folder is not None:
+        env[kafka_stats.ENV] = str(folder)
+    return env
+
+
+def kafka_per_msg(readings: dict[str, tuple[dict, dict]], n: int) -> dict[str, dict]:
+    """Per role: Kafka requests (all, and the main kinds) and records per message between
+    two readings of its counters (librdkafka's statistics)."""
+    out = {}
+    for role, (before, after) in readings.items():
+        d = kafka_stats.difference(after, before)
+        kinds = {k: round(v / n, 3) for k, v in d["requests"].items() if v >= n / 1000}
+        out[role] = {"requests": round(sum(d["requests"].values()) / n, 3), "by_kind": kinds,
+                     "records_out": round(d["records_out"] / n, 3),
+                     "records_in": round(d["records_in"] / n, 3),
+                     "bytes_out": round(d["bytes_out"] / n), "bytes_in": round(d["bytes_in"] / n)}
+    return out
