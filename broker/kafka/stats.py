@@ -20,19 +20,19 @@ from typing import Any
 ENV = "KQ_KAFKA_STATS"
 INTERVAL_MS = 1000
 
-_latest: dict[str, dict[str, Any]] = {}
-_lock = threading.Lock()  # per client (librdkafka's name): its last report
-
-
-def settings() -> dict[str, Any]:
-    """Client settings that make it report, when KQ_KAFKA_STATS is set (else none)."""
-    if not os.environ.get(ENV):
-        return {}
-    return {"statistics.interval.ms": INTERVAL_MS, "stats_cb": _on_stats}
+_latest: dict[str, dict[str, Any]] = {}  # per client (librdkafka's name): its last report
+_lock = threading.Lock()
 
 
 def enabled() -> bool:
     return bool(os.environ.get(ENV))
+
+
+def settings() -> dict[str, Any]:
+    """Client settings that make it report, when KQ_KAFKA_STATS is set (else none)."""
+    if not enabled():
+        return {}
+    return {"statistics.interval.ms": INTERVAL_MS, "stats_cb": _on_stats}
 
 
 def settle(*clients: Any) -> None:
