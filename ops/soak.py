@@ -12,8 +12,10 @@ the lease it was acked under.
 With `--instances N` (N > 1), N `kq serve` instances share N shards (one queue per shard, at
 least 2 queues; standby_replicas = 1), and each of the `--kills` events picks an instance at
 random and either kills it (-9, then restarts it) or freezes it (SIGSTOP past the session
-timeout, then SIGCONT: it must wake fenced). The check adds: no journal part written by an
-owner after a later owner's takeover marker. `kq journal audit` (on Spark) runs twice, halfway
+timeout, then SIGCONT: it must wake fenced). The check adds: an owner writes at most one
+batch after a later owner's takeover marker (frozen between its fence's look and its write;
+every reader ignores the batch, and the fence stops the owner after it), none with
+`--exactly-once` (the broker refuses it). `kq journal audit` (on Spark) runs twice, halfway
 through the disturbances (the queues deep: every queued message's state, delivery and cancel
 counts and holder are compared) and at the end (the counters): it must find no difference
 between the journal and the live instances (`--no-audit` skips it).
@@ -322,7 +324,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
                   for line in log.read_text().splitlines()]
     archive = retention.end(report) if retention else None
     transitions = committed_transitions(bootstrap, f"{prefix}.journal", instances, report,
-                                        archive)
+                                        archive, exactly_once)
     check(report, published, queue_of, transitions, deliveries)
     report.dead_letter_records = len(read_all(bootstrap, dlq))
     if report.problems:  # the instances' logs outlive the run's temporary directory

@@ -24,8 +24,9 @@ between the old owner's last record and anything it writes later.
   then takes the shard away (the look at the journal alone misses a new owner whose marker
   lands a moment after the look).
 
-That leaves a gap of a few milliseconds between a look and the write that follows: a part
-written in it lies after the new owner's marker, inert. With `exactly_once` the broker closes
+That leaves the few milliseconds between a look and the write that follows, and a process
+frozen there wakes inside them: the batch it writes lies after the new owner's marker, inert,
+and the check after the write stops it (soaks see this about once in fifteen freezes). With `exactly_once` the broker closes
 the gap: each shard's producer has the transactional id PREFIX.shard.K, and a new owner's
 producer start makes the broker refuse every later write of the old one
 (`Committer._raise_if_fenced`; the embedded broker does this too).
