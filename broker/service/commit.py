@@ -1,23 +1,26 @@
 """The commit order: the one place that decides what becomes durable when.
 
-Each batch the service processed is made durable in four numbered steps. Batches are
-pipelined: step 3 of a batch rides in the same flush as step 2 of the next one, so a busy
-service waits for Kafka once per batch, not twice. A crash (kill -9) may fall into any gap;
-recovery (`broker.service.recovery`) makes every gap safe:
+Each batch the service processed is made durable in four numbered steps, each started once
+the step before was acknowledged. Batches are pipelined: while Kafka acknowledges a batch's
+journal the service goes on with the next batch; the deliveries go out as soon as the
+journal is in, and the state is written once they are acknowledged. Before it produces a
+batch's journal, the committer waits until that of the batch before is in and every earlier
+batch wrote its state: so at most the last two journaled batches may have deliveries that
+did not go out. A crash (kill -9) may fall into any gap; recovery (`broker.service.recovery`)
+makes every gap safe:
 
   1. COPIES     produce forwarded records and dead-letter copies; flush; all must be acked.
                 Crash after: the batch is not committed, its inputs are read again and the
                 copies are produced again (a duplicate copy, never a lost one).
   2. JOURNAL    produce the batch's transitions and its input positions to PREFIX.journal,
-                split into parts, together with step 3 of the batch before; flush. The batch
-                is committed once its last part is in Kafka.
+                split into parts. The batch is committed once its last part is in Kafka.
                 Crash after: recovery replays the journal tail into RocksDB and resumes inputs
                 from the journaled positions. Deliveries of this batch were never sent: its
                 leases are sent again at start (the client drops a copy it already has) and
                 browsers are shown its messages again; at-most-once messages are lost, never
                 duplicated, as that mode promises.
-  3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>: with step 2 of the
-                next batch, or alone once no input is waiting; flush.
+  3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>, once the journal is
+                acknowledged.
                 Crash after: as after 2, but subscribers got their messages. The journal of
                 the next batch may be in too: it is replayed the same way.
   4. STATE      write the state the batch left, encoded when it was processed, with its input
@@ -26,14 +29,15 @@ recovery (`broker.service.recovery`) makes every gap safe:
                 recovery replays (at most the last two batches) is exactly what may be unsent.
                 Until then, the payloads the batch stores are read from memory.
 
-With `[service] exactly_once = true` the producer is transactional: steps 1 to 3 of a commit
-(the copies, the journal, and the deliveries riding along) are one Kafka transaction, committed
-before step 4. A crash inside it aborts them all: under Apache Kafka, readers (recovery, the
-client, dead-letter consumers: librdkafka reads `read_committed` by default) never see the
-copies or deliveries of a batch whose journal is not in, and a second service started with
-the same transactional id fences the first. Without it, the gaps above are made safe by
-recovery instead (a copy may be duplicated, a lease sent twice; never lost). The embedded
-broker accepts transactions but does not isolate them, so there only the steps are tested.
+With `[service] exactly_once = true` the producer is transactional: steps 1 and 2 of a batch
+and step 3 of the batch before (its deliveries ride along) are one Kafka transaction,
+committed before that batch's step 4. A crash inside it aborts them all: under Apache Kafka,
+readers (recovery, the client, dead-letter consumers: librdkafka reads `read_committed` by
+default) never see the copies or deliveries of a batch whose journal is not in, and a second
+service started with the same transactional id fences the first. Without it, the gaps above
+are made safe by recovery instead (a copy may be duplicated, a lease sent twice; never lost).
+The embedded broker accepts transactions but does not isolate them, so there only the steps
+are tested.
 
 Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
 after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
@@ -48,51 +52,54 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaException, Producer
 
 from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
-from broker.errors import DeliveryFailedError, FencedError, StateError
+from broker.errors import DeliveryFailedError, StateError
 from broker.service.fence import Fence
 from broker.service.journal import encode_columns
-from broker.state.layout import Checkpoint, Payload, StateChanges, message_key
+from broker.service.sending import FLUSH_TIMEOUT_S, Acks, OutRecord, Sender
+from broker.state.layout import (
+    META_JOURNAL,
+    Checkpoint,
+    Payload,
+    StateChanges,
+    journal_meta,
+    message_key,
+)
 from broker.state.store import Store
 from broker.values import Bookmark
+
+__all__ = ["Committer", "OutRecord", "Outbox", "latest_cursors"]
 
 log = logging.getLogger("kq.commit")
 
 STEPS = ("copies", "journal", "deliveries", "state")
-# A transactional producer refused because a newer one with its id started: a new owner of
-# the shard (librdkafka's local code, then the brokers' two)
-FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 TRANSITIONS_PER_PART = 2000
-FLUSH_TIMEOUT_S = 15.0
-
-Headers = list[tuple[str, bytes | None]]
 
 
 @dataclass
-class OutRecord:
-    topic: str
-    value: bytes | None
-    key: bytes | None = None
-    headers: Headers | None = None
-    partition: int = -1  # -1: the producer's partitioner decides
-
-
-@dataclass
-class _Held:
-    """A journaled batch whose deliveries and state wait for the next flush (steps 3, 4)."""
+class _InFlight:
+    """A journaled batch on its way: its journal's acknowledgements, then its deliveries',
+    then its state write (steps 2 to 4)."""
 
     cp: Checkpoint
     deliveries: list[OutRecord]
     changes: StateChanges
+    journal: Acks
+    journaled: bool = False  # its journal was acknowledged and checked
+    sent: Acks | None = None  # its deliveries, once produced
+
+    @property
+    def delivered(self) -> bool:
+        return self.sent is not None and self.sent.done
 
 
 @dataclass
@@ -124,6 +131,7 @@ class Committer:
                  next_batch: int, transactional: bool = False, partition: int = 0,
                  fence: Fence | None = None) -> None:
         self._producer = producer
+        self._sender = Sender(producer, partition)
         self.transactional = transactional  # the producer has a transactional.id
         self._store = store
         self._engine = engine
@@ -131,7 +139,7 @@ class Committer:
         self._partition = partition  # the shard's journal partition
         self._fence = fence
         self.next_batch = next_batch
-        self._held: _Held | None = None
+        self._flight: deque[_InFlight] = deque()  # oldest first; at most two at a commit
         # The journal only grows; an offset at or below the last one means Kafka lost it.
         self.last_offset = -1
         self.writer: str | None = None  # our start-up marker's nonce, named in every part
@@ -147,55 +155,126 @@ class Committer:
 
     @property
     def holding(self) -> bool:
-        """Whether a batch's deliveries and state wait for the next flush."""
-        return self._held is not None
+        """Whether a batch's journal, deliveries or state are still on their way."""
+        return bool(self._flight)
 
     def held_payload(self, bm: Bookmark) -> Payload | None:
-        """A payload the held batch stores, not in RocksDB yet."""
-        return self._held.changes.payloads.get(bm) if self._held is not None else None
+        """A payload a batch on its way stores, not in RocksDB yet."""
+        for b in reversed(self._flight):
+            p = b.changes.payloads.get(bm)
+            if p is not None:
+                return p
+        return None
 
     def commit(self, cp: Checkpoint, outbox: Outbox) -> None:
-        """Steps 1 and 2 of this batch, 3 and 4 of the one held; then hold this one."""
+        """Steps 1 and 2 of this batch once the batch before is journaled (its deliveries
+        then go out) and every earlier one wrote its state; the rest comes with `advance`."""
         if not (cp.transitions or cp.positions or outbox):
             return
+        self._sender.wait(self._journaled_all, "journal", self._settle)
+        self._sender.wait(lambda: len(self._flight) <= 1, "deliveries",
+                          lambda: self._settle(keep=1))
         if self._fence is not None:
             self._fence.before_commit(self.last_offset)  # a frozen owner finds out here
-        held, self._held = self._held, None
         with self._atomically():
-            self._produce_all(outbox.copies, fatal=True, what="forward/dead-letter copies")
+            if self.transactional and self._flight and self._flight[-1].sent is None:
+                # the batch before's deliveries ride along
+                self._send_deliveries(self._flight[-1])
+            self._produce_now(outbox.copies, "forward/dead-letter copies")
             self._crash_point(1, cp)
             journal = self._journal_records(cp) if cp.transitions or cp.positions else []
-            offsets = self._produce_all(journal, fatal=True, what="journal",
-                                        also=held.deliveries if held else ())
-            if self.transactional and self._crash_before_commit:
-                self._crash_point(2, cp, "journal, inside the open Kafka transaction")
-        if journal:
-            if self._fence is not None:  # before anything of this batch goes out
-                self._fence.after_journal(self.last_offset, offsets[0])
-            self._journaled(cp, offsets)
-        self._crash_point(2, cp)
-        if held is not None:
-            self._crash_point(3, held.cp)
-            self._write_state(held)
-        self._held = _Held(cp, outbox.deliveries,
-                           cp.changes(self._engine, skip=self._dropped_write(cp)))
+            acks = self._sender.produce(journal, len(journal))
+            if self.transactional:
+                self._sender.flush()
+                if self._crash_before_commit:
+                    self._crash_point(2, cp, "journal, inside the open Kafka transaction")
+        self._flight.append(_InFlight(cp, outbox.deliveries,
+                                      cp.changes(self._engine, skip=self._dropped_write(cp)),
+                                      acks))
+        if self.transactional:  # all acknowledged: the transaction committed
+            self._settle()
+
+    def advance(self) -> None:
+        """Serve the acknowledgements that came: a journaled batch's deliveries go out, a
+        delivered batch's state is written. Never waits."""
+        if self._flight:
+            self._sender.poll(0)
+            self._settle()
 
     def flush_held(self) -> None:
-        """Steps 3 and 4 of the held batch, now: no input is waiting to carry them."""
-        held, self._held = self._held, None
-        if held is None:
+        """Everything on its way, now (no input is waiting, or the service stops)."""
+        if not self._flight:
             return
-        if self._fence is not None:
-            self._fence.before_commit(self.last_offset)
-        with self._atomically():
-            self._produce_all(held.deliveries, fatal=False, what="deliveries")
-        self._crash_point(3, held.cp)
-        self._write_state(held)
+        self._sender.flush()  # the journal in: (without exactly_once) its deliveries go out
+        self._sender.wait(self._journaled_all, "journal", self._settle)
+        if self.transactional and self._flight and self._flight[-1].sent is None:
+            if self._fence is not None:
+                self._fence.before_commit(self.last_offset)
+            with self._atomically():
+                self._send_deliveries(self._flight[-1])
+        self._sender.flush()
+        self._sender.wait(lambda: not self._flight, "deliveries", self._settle)
 
     def send_now(self, records: list[OutRecord]) -> None:
         """Replies that need no journal (state snapshots): produced and flushed at once."""
         with self._atomically():
-            self._produce_all(records, fatal=False, what="replies")
+            acks = self._sender.produce(records, len(records))
+            self._flushed(acks, "replies")
+        if acks.errors:
+            log.error("producing replies failed: %s", "; ".join(acks.errors[:5]))
+
+    # -- the steps -------------------------------------------------------------------------
+    def _journaled_all(self) -> bool:
+        return not self._flight or self._flight[-1].journaled
+
+    def _settle(self, keep: int = 0) -> None:
+        """Move every batch on as far as its acknowledgements allow; write the state of the
+        oldest delivered ones, in order, leaving at least `keep` batches."""
+        if self._flight and not self._flight[-1].journaled and self._flight[-1].journal.done:
+            self._journaled(self._flight[-1])
+        while len(self._flight) > keep and self._flight[0].delivered:
+            self._write_state(self._flight.popleft())
+
+    def _journaled(self, b: _InFlight) -> None:
+        """Step 2 done: the journal is in Kafka. Checked, then (without exactly_once) its
+        deliveries go out."""
+        self._sender.check(b.journal, "journal")
+        b.journaled = True
+        offsets = b.journal.offsets
+        if offsets:
+            if self._fence is not None:  # before anything of this batch goes out
+                self._fence.after_journal(self.last_offset, offsets[0])
+            self._check_grows(offsets[0])
+            self.last_offset = b.cp.journal_offset = offsets[-1]
+            b.changes.puts[META_JOURNAL] = journal_meta(offsets[-1], b.cp.batch, b.cp.writer)
+        self._crash_point(2, b.cp)
+        if not self.transactional:
+            self._send_deliveries(b)
+
+    def _send_deliveries(self, b: _InFlight) -> None:
+        b.sent = self._sender.produce(b.deliveries, len(b.deliveries))
+
+    def _write_state(self, b: _InFlight) -> None:
+        assert b.sent is not None
+        if b.sent.fenced:
+            self._sender.raise_if_fenced(b.sent.fenced[0])
+        if b.sent.errors:  # a lease nobody got lapses and is delivered again
+            log.error("producing deliveries failed: %s", "; ".join(b.sent.errors[:5]))
+        self._crash_point(3, b.cp)
+        b.changes.write_to(self._store)
+        self._crash_point(4, b.cp)
+
+    def _produce_now(self, records: list[OutRecord], what: str) -> None:
+        """Produce and flush; every record must be acknowledged."""
+        if records:
+            acks = self._sender.produce(records, len(records))
+            self._flushed(acks, what)
+            self._sender.check(acks, what)
+
+    def _flushed(self, acks: Acks, what: str) -> None:
+        left = self._sender.flush()
+        if left and not acks.done:
+            acks.errors.append(f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
 
     @contextmanager
     def _atomically(self) -> Iterator[None]:
@@ -206,7 +285,7 @@ class Committer:
         try:
             self._producer.begin_transaction()
         except KafkaException as exc:
-            self._raise_if_fenced(exc.args[0])
+            self._sender.raise_if_fenced(exc.args[0])
             raise
         try:
             yield
@@ -217,21 +296,8 @@ class Committer:
         try:
             self._producer.commit_transaction(FLUSH_TIMEOUT_S)
         except KafkaException as exc:
-            self._raise_if_fenced(exc.args[0])
+            self._sender.raise_if_fenced(exc.args[0])
             raise DeliveryFailedError(f"committing the Kafka transaction failed: {exc}") from None
-
-    def _raise_if_fenced(self, err: KafkaError | None) -> None:
-        """The broker refused us because a newer producer of this shard started: the shard
-        has a new owner, whose takeover the broker itself fences (nothing of ours lands
-        after its start)."""
-        if err is not None and err.code() in FENCED:
-            raise FencedError(f"shard {self._partition}: Kafka fenced this instance's "
-                              f"producer ({err.str()}): another instance took the shard "
-                              "over; this one writes nothing more for it")
-
-    def _write_state(self, held: _Held) -> None:
-        held.changes.write_to(self._store)
-        self._crash_point(4, held.cp)
 
     def _dropped_write(self, cp: Checkpoint) -> frozenset[bytes]:
         hit = next((t for t in cp.transitions if t.kind == self._drop_kind and t.bookmark), None)
@@ -262,10 +328,6 @@ class Committer:
             for i, chunk in enumerate(chunks)
         ]
 
-    def _journaled(self, cp: Checkpoint, offsets: list[int]) -> None:
-        self._check_grows(offsets[0])
-        self.last_offset = cp.journal_offset = offsets[-1]
-
     def _check_grows(self, offset: int) -> None:
         if offset <= self.last_offset:
             raise StateError(
@@ -283,85 +345,16 @@ class Committer:
             "marker": nonce, "writer": None, "inputs": [], "transitions": []}),
             partition=self._partition)
         with self._atomically():
-            offset = self._produce_all([record], fatal=True, what="journal marker")[0]
+            acks = self._sender.produce([record], 1)
+            self._flushed(acks, "journal marker")
+            self._sender.check(acks, "journal marker")
+        offset = acks.offsets[0]
         self.last_offset = max(self.last_offset, offset)
         self.writer = nonce  # from now on our parts count, until someone else's marker
         self.writer_offset = offset
         if self._fence is not None:
             self._fence.writer = nonce
         return offset
-
-    def _produce_all(self, records: list[OutRecord], fatal: bool, what: str,
-                     also: Sequence[OutRecord] = ()) -> list[int]:
-        """Produce `records` (their offsets are returned; a failure is fatal if `fatal`) and
-        `also` (deliveries riding along: a failure is logged), and flush them all."""
-        if not records and not also:
-            return []
-        offsets: list[int] = [-1] * len(records)
-        errors: list[str] = []
-        lost: list[str] = []
-
-        fenced: list[KafkaError] = []
-
-        def lost_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                lost.append(f"{msg.topic()}: {err.str()}")
-                fenced.extend([err] if err.code() in FENCED else [])
-
-        def report(i: int) -> Any:
-            def on_delivery(err: KafkaError | None, msg: Message) -> None:
-                if err is not None:
-                    errors.append(f"{msg.topic()}: {err.str()}")
-                    fenced.extend([err] if err.code() in FENCED else [])
-                else:
-                    offsets[i] = msg.offset() or 0
-            return on_delivery
-
-        for r in also:
-            self._produce(r, lost_delivery, lost)
-        for i, r in enumerate(records):
-            self._produce(r, report(i), errors)
-        left = self._flush()
-        if left:
-            (errors if records else lost).append(
-                f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
-        if fenced:
-            self._raise_if_fenced(fenced[0])
-        if lost:
-            log.error("producing deliveries failed: %s", "; ".join(lost[:5]))
-        if errors:
-            message = f"producing {what} failed: {'; '.join(errors[:5])}"
-            if fatal:
-                raise DeliveryFailedError(message)
-            log.error(message)
-        return offsets
-
-    def _flush(self) -> int:
-        """Flush; a fatal producer error (a fenced transactional producer) surfaces here as a
-        KafkaException, or as the cause of a SystemError when confluent-kafka then calls a
-        delivery callback with it still pending."""
-        try:
-            return int(self._producer.flush(FLUSH_TIMEOUT_S))
-        except (KafkaException, SystemError) as exc:
-            fatal = exc if isinstance(exc, KafkaException) else exc.__cause__
-            if isinstance(fatal, KafkaException):
-                self._raise_if_fenced(fatal.args[0])
-                raise DeliveryFailedError(f"producing failed: {fatal}") from None
-            raise
-
-    def _produce(self, r: OutRecord, on_delivery: Any, errors: list[str]) -> None:
-        while True:
-            try:
-                self._producer.produce(r.topic, r.value, r.key,
-                                       headers=r.headers,  # type: ignore[arg-type]
-                                       partition=r.partition, on_delivery=on_delivery)
-                return
-            except BufferError:  # local queue full: let it drain
-                self._producer.poll(0.05)
-            except KafkaException as exc:  # refused locally (too large, bad topic name)
-                self._raise_if_fenced(exc.args[0])
-                errors.append(f"{r.topic}: {exc.args[0].str()}")
-                return
 
     def _crash_point(self, step: int, cp: Checkpoint, where: str = "") -> None:
         if self._crash_after != step or not cp.transitions:

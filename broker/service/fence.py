@@ -26,10 +26,11 @@ between the old owner's last record and anything it writes later.
 
 That leaves the few milliseconds between a look and the write that follows, and a process
 frozen there wakes inside them: the batch it writes lies after the new owner's marker, inert,
-and the check after the write stops it (soaks see this about once in fifteen freezes). With `exactly_once` the broker closes
-the gap: each shard's producer has the transactional id PREFIX.shard.K, and a new owner's
-producer start makes the broker refuse every later write of the old one
-(`Committer._raise_if_fenced`; the embedded broker does this too).
+and the check after the write stops it (soaks see this about once in fifteen freezes). With
+`exactly_once` the broker closes the gap: each shard's producer has the transactional id
+PREFIX.shard.K, and a new owner's producer start makes the broker refuse every later write
+of the old one (`Sender.raise_if_fenced` in broker.service.sending; the embedded broker
+does this too).
 """
 
 from __future__ import annotations

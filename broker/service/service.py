@@ -225,6 +225,8 @@ class Service:
         gap = self._fence.alive()
         if gap > DEAF_S:  # frozen or slow: heartbeats unread; beyond DEAF_S only, so a
             self.engine.deaf_for(int((gap - DEAF_S) * 1000))  # slow loop still sees silence
+        if self._idle_flush:  # (tests without it move batches on at commits only)
+            self._committer.advance()
         self.inputs.refresh()
         # With a batch held, take only what is there: if nothing is, it goes out now.
         records = self.inputs.poll(BATCH_SIZE,

@@ -318,9 +318,7 @@ class Checkpoint:
         for (reader, topic, partition), offset in self.positions.items():
             puts[offset_key(reader, topic, partition)] = str(offset).encode()
         if self.journal_offset is not None:
-            puts[META_JOURNAL] = json.dumps(
-                {"offset": self.journal_offset, "batch": self.batch,
-                 "writer": self.writer}).encode()
+            puts[META_JOURNAL] = journal_meta(self.journal_offset, self.batch, self.writer)
         if skip:
             puts = {k: v for k, v in puts.items() if k not in skip}
             deletes = [k for k in deletes if k not in skip]
@@ -337,6 +335,11 @@ class StateChanges:
 
     def write_to(self, store: Store) -> None:
         store.write(self.puts, self.deletes)
+
+
+def journal_meta(offset: int, batch: int, writer: str | None) -> bytes:
+    """The state's place in the journal: its last batch's last record, written with it."""
+    return json.dumps({"offset": offset, "batch": batch, "writer": writer}).encode()
 
 
 def load_positions(store: Store) -> dict[ReaderKey, int]:

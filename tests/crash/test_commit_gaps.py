@@ -166,8 +166,8 @@ def test_crash_while_acking_never_redelivers_an_acked_message(bootstrap, setup, 
 
 def test_a_crash_after_deliveries_rode_with_the_next_journal_replays_both_batches(
         bootstrap, setup):
-    """The pipelined gap: batch k's deliveries went out with batch k+1's journal, and neither
-    batch's state reached RocksDB. Recovery replays both; the lease is sent again and the
+    """The pipelined gap: batch k's deliveries went out, batch k+1's journal followed, and
+    neither batch's state reached RocksDB. Recovery replays both; the lease is sent again and the
     client drops the copy; nothing is lost or enqueued twice."""
     name, cfg, prefix, serve = setup('lease_period = "1h"\n')
     serve.start(KQ_CRASH_AFTER_STEP="3", KQ_CRASH_ON_KIND="leased", KQ_TEST_NO_IDLE_FLUSH="1")

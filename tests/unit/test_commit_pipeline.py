@@ -1,0 +1,171 @@
+"""The commit order's pipeline (broker.service.commit), against a producer whose
+acknowledgements the test hands out: each step waits for the one before, and the service
+goes on with the next batch while a journal is on its way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker.engine.engine import Engine
+from broker.errors import DeliveryFailedError
+from broker.service.commit import Committer, Outbox, OutRecord
+from broker.state.layout import Checkpoint, Payload, load_meta, offset_key
+from broker.state.store import MemoryStore
+from broker.values import Bookmark
+
+JOURNAL = "kq.journal"
+
+
+class _Sent:
+    def __init__(self, topic: str, offset: int) -> None:
+        self._topic, self._offset = topic, offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class Broker:
+    """A producer whose records are acknowledged when the test says so (`ack`), or at once
+    with `auto` (a flush always acknowledges everything, as Kafka would)."""
+
+    def __init__(self, auto: bool = False) -> None:
+        self.auto = auto
+        self.produced: list[tuple[str, bytes | None]] = []  # in produce order
+        self._pending: list[tuple[str, Any]] = []
+        self._acked: list[tuple[str, Any]] = []
+        self._offsets: dict[str, int] = {}
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None = None, *,
+                headers: Any = None, partition: int = -1, on_delivery: Any = None) -> None:
+        self.produced.append((topic, value))
+        self._pending.append((topic, on_delivery))
+
+    def ack(self, topic: str | None = None) -> None:
+        """The broker acknowledges the pending records (of `topic`); the producer's next poll
+        calls their callbacks."""
+        keep = []
+        for rec in self._pending:
+            (self._acked if topic in (None, rec[0]) else keep).append(rec)
+        self._pending = keep
+
+    def poll(self, _timeout: float = 0) -> int:
+        if self.auto:
+            self.ack()
+        served, self._acked = self._acked, []
+        for topic, callback in served:
+            offset = self._offsets.get(topic, 0)
+            self._offsets[topic] = offset + 1
+            callback(None, _Sent(topic, offset))
+        return len(served)
+
+    def flush(self, _timeout: float = 0) -> int:
+        self.ack()
+        self.poll()
+        return 0
+
+    def topics(self) -> list[str]:
+        return [t for t, _ in self.produced]
+
+
+def _batch(n: int) -> tuple[Checkpoint, Outbox]:
+    cp = Checkpoint(positions={("Q", "orders", 0): n})
+    return cp, Outbox(deliveries=[OutRecord("kq.deliver.w1", b"lease %d" % n)])
+
+
+@pytest.fixture
+def parts():
+    broker, store = Broker(), MemoryStore()
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0)  # type: ignore[arg-type]
+    return broker, store, committer
+
+
+def _position(store: MemoryStore) -> int | None:
+    raw = store.get(offset_key("Q", "orders", 0))
+    return int(raw) if raw else None
+
+
+def test_deliveries_wait_for_the_journal_and_the_state_for_the_deliveries(parts):
+    broker, store, committer = parts
+    committer.commit(*_batch(1))
+    assert broker.topics() == [JOURNAL]  # the journal only: deliveries wait for it
+    committer.advance()
+    assert broker.topics() == [JOURNAL]  # not acknowledged yet: nothing moves
+    broker.ack(JOURNAL)
+    committer.advance()
+    assert broker.topics() == [JOURNAL, "kq.deliver.w1"]
+    assert _position(store) is None  # the state waits for the deliveries
+    broker.ack()
+    committer.advance()
+    assert _position(store) == 1
+    assert load_meta(store)["offset"] == 0  # with the journal offset it reached
+    assert not committer.holding
+
+
+def test_the_next_batch_is_processed_while_a_journal_is_on_its_way(parts):
+    """commit() returns with the journal unacknowledged; the next commit waits for it (and
+    sends that batch's deliveries) before producing its own journal."""
+    broker, store, committer = parts
+    committer.commit(*_batch(1))
+    assert committer.holding  # the caller goes on with the next batch meanwhile
+    broker.auto = True  # from now on Kafka answers each poll
+    committer.commit(*_batch(2))
+    assert broker.topics() == [JOURNAL, "kq.deliver.w1", JOURNAL]
+    committer.flush_held()
+    assert broker.topics() == [JOURNAL, "kq.deliver.w1", JOURNAL, "kq.deliver.w1"]
+    assert _position(store) == 2
+    assert not committer.holding
+
+
+def test_at_most_the_last_two_journaled_batches_lack_their_state(parts):
+    """Recovery sends the leases of the last two journaled batches again: a third journal
+    waits until the first batch's deliveries are acknowledged and its state written."""
+    broker, store, committer = parts
+    committer.commit(*_batch(1))
+    broker.ack(JOURNAL)
+    committer.commit(*_batch(2))  # batch 1's deliveries out, not acknowledged
+    broker.ack(JOURNAL)
+    committer.advance()  # batch 2's journal in: its deliveries go out too
+    assert broker.topics().count(JOURNAL) == 2
+    assert _position(store) is None
+    broker.auto = True
+    committer.commit(*_batch(3))
+    assert _position(store) == 1  # batch 1 written before journal 3 went out; 2 not yet
+    assert broker.topics().count(JOURNAL) == 3
+
+
+def test_a_payload_is_read_from_memory_until_its_state_is_written(parts):
+    broker, _, committer = parts
+    bm = Bookmark("orders", 0, 7)
+    cp, outbox = _batch(1)
+    cp.payloads[bm] = Payload(None, b"{}", [], 0)
+    committer.commit(cp, outbox)
+    broker.ack(JOURNAL)
+    committer.commit(*_batch(2))  # batch 1 journaled, its deliveries on their way
+    assert committer.held_payload(bm) == cp.payloads[bm]
+    committer.flush_held()
+    assert committer.held_payload(bm) is None  # in the store now (the store's business)
+
+
+def test_a_refused_journal_stops_the_service(parts):
+    broker, _, committer = parts
+
+    def refuse(topic: str, *args: Any, on_delivery: Any = None, **kw: Any) -> None:
+        on_delivery(_Error(), _Sent(topic, -1))
+
+    broker.produce = refuse  # type: ignore[method-assign]
+    committer.commit(*_batch(1))
+    with pytest.raises(DeliveryFailedError, match="producing journal failed: .*broker down"):
+        committer.advance()
+
+
+class _Error:
+    def code(self) -> int:
+        return -1
+
+    def str(self) -> str:
+        return "broker down"
