@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any
 
 from broker.engine.transitions import Kind, Transition
@@ -104,21 +105,30 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 _CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
+_ROW = attrgetter(*(name for name, _ in COLUMNS))  # one C call per row, not one per field
+_NULL_INDEX = pack_array("i", [-1])
+
+
 def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     """Objects with the transition fields as attributes (enums and bookmarks as str) ->
     the `columns` record of a journal part."""
+    n = len(rows)
     table: dict[str, int] = {}
-    out: dict[str, Any] = {"count": len(rows)}
-    for name, kind in COLUMNS:
-        values = [getattr(r, name) for r in rows]
+    out: dict[str, Any] = {"count": n}
+    columns = zip(*map(_ROW, rows), strict=True) if n else iter([()] * len(COLUMNS))
+    for (name, kind), values in zip(COLUMNS, columns, strict=True):
+        empty = values.count(None) == n  # most columns are, for most kinds of transition
         if kind == "str":
-            out[name] = pack_array("i", (-1 if v is None else table.setdefault(str(v), len(table))
-                                      for v in values))
+            out[name] = _NULL_INDEX * n if empty else pack_array("i", [
+                -1 if v is None else table.setdefault(str(v), len(table)) for v in values])
         elif kind == "bool":
-            out[name] = bytes(1 if v else 0 for v in values)
+            out[name] = bytes(map(bool, values))
         elif kind.endswith("?"):
-            out[name] = pack_array(_CODE[kind], (0 if v is None else v for v in values))
-            out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
+            if empty:
+                out[name], out[f"{name}_set"] = bytes(8 * n), bytes(n)
+            else:
+                out[name] = pack_array(_CODE[kind], [0 if v is None else v for v in values])
+                out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
         else:
             out[name] = pack_array(_CODE[kind], values)
     out["strings"] = list(table)

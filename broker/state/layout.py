@@ -301,7 +301,9 @@ class Checkpoint:
                         "browse": sub.browse, "cursor": sub.cursor,
                         "principal": sub.principal}).encode()
         for bm in touched_payloads:
-            if bm in alive or any(q.queued(bm) for q in engine.queues.values()):
+            # still queued somewhere? (not where this batch finished it: no pager lookup)
+            if bm in alive or any(self.messages.get((name, bm), _UNKNOWN) is not None
+                                  and q.queued(bm) for name, q in engine.queues.items()):
                 if bm in self.payloads:
                     puts[payload_key(bm)] = self.payloads[bm].encode()
             else:
