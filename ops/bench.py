@@ -273,8 +273,9 @@ def cpu_seconds(pid: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--messages", type=int, default=None,
-                    help="records per throughput phase (default 20,000; 100,000 on Apache "
-                         "Kafka, so that a share group's start does not dominate its drain)")
+                    help="records per throughput phase (default 20,000 on the embedded broker; "
+                         "100,000 on Apache Kafka or a --bootstrap broker, so that a share "
+                         "group's start does not dominate its drain)")
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--backlog", type=int, default=50)
     ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
@@ -299,6 +300,10 @@ def main() -> None:
                     help="kq phase with N kq serve instances sharing N shards, one queue "
                          "each (ops/bench_instances.py); compare --instances 1 with 2, as "
                          "both run the same way")
+    ap.add_argument("--warmup", type=int, default=None, metavar="N",
+                    help="first relay N messages the raw way, unmeasured, so that the first "
+                         "phase measured does not pay for the broker's warm-up (default "
+                         "30,000 on Apache Kafka, 0 on the embedded broker)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="sample kq serve with py-spy during the drain phase; write the "
@@ -309,7 +314,7 @@ def main() -> None:
     a = ap.parse_args()
     global SERVICE_EXTRA, QUEUE_EXTRA
     if a.messages is None:
-        a.messages = 100_000 if a.broker == "apache" else 20_000
+        a.messages = 100_000 if a.broker == "apache" or a.bootstrap else 20_000
     SERVICE_EXTRA = "".join(f"{line}\n" for line in a.service.split("\\n") if line)
     if a.memory_budget:
         SERVICE_EXTRA += f'memory_budget = "{a.memory_budget}"\n'
@@ -319,6 +324,9 @@ def main() -> None:
         apache = a.broker == "apache" or bool(a.bootstrap)
         phases = set((a.phases or ("raw,share,kq,rss" if apache else "raw,kq,rss")).split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}
+        warmup = a.warmup if a.warmup is not None else 30_000 if apache else 0
+        if warmup:  # a JVM compiles its hot paths over the first records: not measured
+            run_raw(bs, warmup, a.subscribers, a.rate, tmp)
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
         share = None
         if "share" in phases:
