@@ -13,6 +13,8 @@
 
 Every throughput phase reports CPU per message by role over its drain (`cpu_us_per_msg`:
 broker, service (the relay for raw), subscribers, machine) and p50/p90/p99/max latency.
+A subscriber's CPU counts from its first record to its last, for every kind of worker: the
+start of Python and of its client is not a cost per message.
 
 Each runs a drain phase (N records already published, time until all are acked: msgs/s) and
 a paced phase (records published at --rate msgs/s: publish -> deliver p50/p99). Then kq's RSS

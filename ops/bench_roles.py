@@ -51,12 +51,24 @@ def publish(bs: str, topic: str, n: int, rate: float = 0, paced: bool = False) -
     p.flush(60)
 
 
-def own_cpu_s() -> float:
-    """CPU seconds this process has used."""
-    import resource
+class DrainCpu:
+    """A subscriber's CPU from its first record to its last, so that each kind of worker is
+    charged for handling records, not for starting Python and its client (the same for
+    every kind; `first` and `last` mark the span)."""
 
-    use = resource.getrusage(resource.RUSAGE_SELF)
-    return use.ru_utime + use.ru_stime
+    def __init__(self) -> None:
+        self._first: float | None = None
+        self._last = 0.0
+
+    def started(self) -> None:
+        if self._first is None:
+            self._first = time.process_time()
+
+    def handled(self) -> None:
+        self._last = time.process_time()
+
+    def seconds(self) -> float:
+        return 0.0 if self._first is None else max(0.0, self._last - self._first)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -91,18 +103,23 @@ def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
     p = _producer(bs)
     lat: list[float] = []
     first = 0.0
+    cpu = DrainCpu()
     idle = time.monotonic()
     while time.monotonic() - idle < 3:
-        for rec in clients.take(c, 1000, 0.05):
+        got = clients.take(c, 1000, 0.05)
+        for rec in got:
             if rec.error():
                 continue
             first = first or time.time()
+            cpu.started()
             lat.append(time.time() * 1000 - rec.timestamp()[1])
             p.produce(f"{run}.ack{i}", rec.value(), partition=0)
             idle = time.monotonic()
         p.poll(0)
+        if got:
+            cpu.handled()
     p.flush(10)
-    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": own_cpu_s(), "first": first}))
+    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": cpu.seconds(), "first": first}))
 
 
 def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> None:
@@ -110,13 +127,16 @@ def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> Non
 
     lat: list[float] = []
     first = 0.0
+    cpu = DrainCpu()
     with QueueClient(bs, topic_prefix=prefix) as c:
         sub = c.subscribe(queue, max_backlog=backlog)
         for msg in sub.messages(timeout=3):
             first = first or time.time()
+            cpu.started()
             lat.append(time.time() * 1000 - msg.timestamp * 1000)
             msg.ack()
-    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": own_cpu_s(), "first": first}))
+            cpu.handled()
+    Path(out).write_text(json.dumps({"lat": lat, "cpu_s": cpu.seconds(), "first": first}))
 
 
 def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> None:
@@ -131,6 +151,7 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
     lat: list[float] = []
     first = last = 0.0
     count = 0
+    cpu = DrainCpu()
     began = idle = time.monotonic()
     while time.monotonic() - idle < 3 or (not count and time.monotonic() - began < 60):
         batch = c.poll(0.05)
@@ -140,6 +161,7 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
             now = time.time()
             if not count:
                 first = now
+                cpu.started()
                 Path(ready).write_text("1")
             count += 1
             last = now
@@ -148,11 +170,12 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
             c.acknowledge(rec)
         if batch:
             c.commit_async()
+            cpu.handled()
             idle = time.monotonic()
     c.commit_sync(10)
     c.close()
     Path(out).write_text(json.dumps({"lat": lat, "first": first, "last": last, "count": count,
-                                     "cpu_s": own_cpu_s()}))
+                                     "cpu_s": cpu.seconds()}))
 
 
 def role_leaser(bs: str, prefix: str, queue: str, count: int, ready: str) -> None:
