@@ -20,12 +20,12 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from broker import wire
-from broker.client.message import Message, decode_data, unpack_deliveries
+from broker.client.message import Message, unpack_deliveries
 from broker.errors import CommandError
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE, Duration
@@ -245,12 +245,12 @@ class ClientCore:
             log.warning("ignored an unreadable record on the delivery topic: %s", exc)
             return
         if env["kind"] == "messages":
-            for d in unpack_deliveries(env["batch"]):
-                self._deliver(env["sub_id"], env["queue"], env["format"], d)
+            self._deliver(env["sub_id"], env["queue"], env["format"],
+                          unpack_deliveries(env["batch"]))
             return
         if env["kind"] == "message":  # one message per record, as older services send
             env["headers"] = [(h["key"], h["value"]) for h in env["headers"]]
-            self._deliver(env["sub_id"], env["queue"], env["format"], env)
+            self._deliver(env["sub_id"], env["queue"], env["format"], [env])
             return
         rid = env["request_id"]
         if rid == NOTICE and env["kind"] == "reply":
@@ -313,29 +313,36 @@ class ClientCore:
                 whole["rows"] = [row for i in range(chunks) for row in parts[i]["rows"]]
                 self._replies[rid] = (None, whole)
 
-    def _deliver(self, sub_id: str, queue: str, fmt: str, d: dict[str, Any]) -> None:
+    def _deliver(self, sub_id: str, queue: str, fmt: str,
+                 deliveries: Iterable[dict[str, Any]]) -> None:
+        """Hand one envelope's deliveries to their subscription."""
         sub = self.subs.get(sub_id)
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
-        # After a crash the service sends its last leases again, not knowing whether they
-        # went out: a copy of one already received (same message, same delivery count) is
-        # dropped. The queue's arrival number tells a bookmark enqueued again apart.
-        key = (sub_id, d["bookmark"], d["seq"], d["delivery_count"])
+        make, owner, browsed, schema = self.message, self.owner, sub.mode == "browse", sub.schema
+        received, fresh = self._received, []
         with self._lock:
-            if key in self._received:
-                return
-            self._received[key] = None
-            if len(self._received) > RECEIVED_KEPT:
-                self._received.popitem(last=False)
-        deadline = d["lease_deadline_ms"]
-        sub.buffer.append(self.message(
-            queue=queue, bookmark=d["bookmark"], data=decode_data(fmt, d["value"], sub.schema),
-            value=d["value"], key=d["key"], headers=d["headers"],
-            delivery_count=d["delivery_count"],
-            lease_deadline=None if deadline is None else deadline / 1000,
-            is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000,
-            _client=self.owner, browsed=sub.mode == "browse"))
-        sub.arrived()
+            for d in deliveries:
+                # After a crash the service sends its last leases again, not knowing whether
+                # they went out: a copy of one already received (same message, same delivery
+                # count) is dropped. The queue's arrival number tells a bookmark enqueued
+                # again apart.
+                key = (sub_id, d["bookmark"], d["seq"], d["delivery_count"])
+                if key in received:
+                    continue
+                received[key] = None
+                deadline = d["lease_deadline_ms"]
+                fresh.append(make(
+                    queue=queue, bookmark=d["bookmark"], value=d["value"], key=d["key"],
+                    headers=d["headers"], delivery_count=d["delivery_count"],
+                    lease_deadline=None if deadline is None else deadline / 1000,
+                    is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000,
+                    _client=owner, browsed=browsed, _format=fmt, _schema=schema))
+            while len(received) > RECEIVED_KEPT:
+                received.popitem(last=False)
+        if fresh:
+            sub.buffer.extend(fresh)
+            sub.arrived()
 
 
 def refusal_error(error: str, settle: bool) -> CommandError:

@@ -16,13 +16,13 @@ class Message:
     """One delivery of a message to a subscription.
 
     `data` is the payload decoded by the queue's format (a dict for JSON objects and Avro;
-    None when it does not parse), `value` the raw bytes. `delivery_count` says which delivery
-    this is: `ack()`, `cancel()`, `expire()` and `extend()` answer this delivery only, and are
-    refused once its lease is gone (the message may be delivered again meanwhile)."""
+    None when it does not parse), decoded when first read; `value` the raw bytes.
+    `delivery_count` says which delivery this is: `ack()`, `cancel()`, `expire()` and
+    `extend()` answer this delivery only, and are refused once its lease is gone (the message
+    may be delivered again meanwhile)."""
 
     queue: str
     bookmark: str
-    data: Any
     value: bytes | None
     key: bytes | None
     headers: list[tuple[str, bytes | None]]
@@ -33,6 +33,17 @@ class Message:
     _client: Any = field(repr=False)
     browsed: bool = False  # a copy shown to a browser: nothing is leased, nothing to ack
     answered: bool = field(default=False, repr=False)  # acked, cancelled or expired here
+    _format: str = field(default="json", repr=False)  # the queue's: how `data` reads `value`
+    _schema: str | None = field(default=None, repr=False)  # the queue's Avro schema, if any
+    _data: Any = field(default=None, repr=False)
+    _decoded: bool = field(default=False, repr=False)
+
+    @property
+    def data(self) -> Any:
+        # decoded on first use: a worker that reads only `value` pays nothing for it
+        if not self._decoded:
+            self._data, self._decoded = decode_data(self._format, self.value, self._schema), True
+        return self._data
 
     @property
     def settles(self) -> bool:

@@ -29,7 +29,7 @@ def _delivery(offset: int, count: int) -> dict:
 def test_each_delivery_is_handed_out_once_in_arrival_order(sent):
     core, sub = _core()
     for offset, count in sent:
-        core._deliver("s1", "Q", "json", _delivery(offset, count))
+        core._deliver("s1", "Q", "json", [_delivery(offset, count)])
     firsts = list(dict.fromkeys(sent))
     assert [(int(m.bookmark.rsplit("/", 1)[1]), m.delivery_count) for m in sub.buffer] == firsts
 
@@ -41,7 +41,7 @@ def test_every_ack_goes_out_once_with_its_delivery_count(acks, takes_at):
     core, _ = _core()
     sent: list[dict] = []
     for i, (queue, offset, count) in enumerate(acks):
-        msg = Message(queue, f"T/0/{offset}", None, None, None, [], count, None, False, 0, None)
+        msg = Message(queue, f"T/0/{offset}", None, None, [], count, None, False, 0, None)
         if core.ack(msg) or i in takes_at:
             sent += [wire.decode("command", o.value) for o in core.take_acks()]
     sent += [wire.decode("command", o.value) for o in core.take_acks()]
@@ -69,7 +69,7 @@ def test_a_reply_in_chunks_is_whole_in_any_order(order, rows):
 
 def test_a_command_after_acks_carries_them_first():
     core, _ = _core()
-    core.ack(Message("Q", "T/0/1", None, None, None, [], 2, None, False, 0, None))
+    core.ack(Message("Q", "T/0/1", None, None, [], 2, None, False, 0, None))
     out = [wire.decode("command", o.value) for o in core.command("close", shard=0)]
     assert [(c["type"], c["bookmarks"], c["delivery_counts"]) for c in out] == [
         ("ack", ["T/0/1"], [2]), ("close", [], [])]
