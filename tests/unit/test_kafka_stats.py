@@ -3,7 +3,16 @@ difference between two readings."""
 
 import json
 
+import pytest
+
 from broker.kafka import stats
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setattr(stats, "_latest", {})
+    monkeypatch.setattr(stats, "_written", 0.0)
+    monkeypatch.setattr(stats, "WRITE_EVERY_S", 0.0)  # every report written (but one test)
 
 
 def report(name: str, produce: int, fetch: int, out: int, into: int) -> str:
@@ -18,7 +27,6 @@ def report(name: str, produce: int, fetch: int, out: int, into: int) -> str:
 def test_a_process_keeps_the_totals_of_all_its_clients_and_a_reader_takes_differences(
         tmp_path, monkeypatch):
     monkeypatch.setenv(stats.ENV, str(tmp_path))
-    monkeypatch.setattr(stats, "_latest", {})
     assert stats.settings()["statistics.interval.ms"] == stats.INTERVAL_MS
     stats._on_stats(report("producer-1", produce=10, fetch=0, out=500, into=0))
     stats._on_stats(report("consumer-2", produce=0, fetch=40, out=0, into=480))
@@ -44,7 +52,6 @@ def test_clients_polled_from_several_threads_report_without_a_failure(tmp_path, 
     import threading
 
     monkeypatch.setenv(stats.ENV, str(tmp_path))
-    monkeypatch.setattr(stats, "_latest", {})
     failures = []
 
     def client(name: str) -> None:
@@ -61,3 +68,16 @@ def test_clients_polled_from_several_threads_report_without_a_failure(tmp_path, 
         t.join()
     assert not failures
     assert stats.read(tmp_path)["requests"]["Produce"] == 8 * 49
+
+
+def test_reports_close_together_are_written_once_and_a_settle_writes_the_last(
+        tmp_path, monkeypatch):
+    """Writing the file is what costs (a process has several clients, each reporting every
+    second): at most one write per WRITE_EVERY_S, and the last figures on settle."""
+    monkeypatch.setenv(stats.ENV, str(tmp_path))
+    monkeypatch.setattr(stats, "WRITE_EVERY_S", 60.0)
+    stats._on_stats(report("producer-1", produce=1, fetch=0, out=1, into=0))
+    stats._on_stats(report("producer-1", produce=2, fetch=0, out=2, into=0))
+    assert stats.read(tmp_path)["requests"]["Produce"] == 1
+    stats.settle()
+    assert stats.read(tmp_path)["requests"]["Produce"] == 2
