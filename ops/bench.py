@@ -206,7 +206,8 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
     clients.ensure_topics(clients.admin(bs), [queue])
     publish(bs, queue, n)
     counted = {role: tmp / f"{prefix}-kafka-{role}" for role in ("service", "subscribers")}
-    proc, _ = start_service(write_config(tmp, bs, prefix, queue), tmp / f"{prefix}.log",
+    proc, _ = start_service(write_config(tmp, bs, prefix, queue, max(backlog, 100)),
+                            tmp / f"{prefix}.log",
                             stats_dir=counted["service"])
     try:
         wait_stat(bs, prefix, queue, "enqueued", n)
@@ -279,7 +280,9 @@ def main() -> None:
                          "100,000 on Apache Kafka or a --bootstrap broker, so that a share "
                          "group's start does not dominate its drain)")
     ap.add_argument("--subscribers", type=int, default=4)
-    ap.add_argument("--backlog", type=int, default=50)
+    ap.add_argument("--backlog", type=int, default=100,
+                    help="each kq worker's max_backlog: messages it holds unacknowledged at "
+                         "once (default 100; a share consumer's poll hands out up to 500)")
     ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
     ap.add_argument("--rss-messages", type=int, default=50000)
     ap.add_argument("--rss-leased", type=int, default=10000,
