@@ -1,3 +1,3 @@
 """kq: message-queue semantics on Kafka (the distribution kafka-queues)."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -1,0 +1,252 @@
+"""CPU per message of kq's own code, without Kafka: the service's path and the client's.
+
+    python ops/bench_cpu.py [--messages 40000] [--backlog 100] [--profile service|client]
+
+service  N messages arrive at one queue (state in RocksDB, most of the queue paged out, as in
+         `ops/bench.py`), then 4 subscribers with max_backlog B ack what they are given, half
+         a backlog per ack command, until all are acked: the engine, the deliveries, the
+         journal and state encoding and the commit order, against a producer that
+         acknowledges at once. Arrivals are not counted; the drain is.
+client   the same number of deliveries in envelopes of B/2 (as the service sends them to a
+         worker holding B) received, handed out and acked through the client's core.
+
+`ops/bench.py` measures the same paths with Kafka in between; the difference is the cost of
+the Kafka clients and of waiting. `--profile` prints the functions where the time goes
+(cProfile, which slows everything about threefold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker.client.core import ClientCore, SubscriptionState  # noqa: E402
+from broker.config import parse_config  # noqa: E402
+from broker.engine import events as ev  # noqa: E402
+from broker.service.commit import Committer  # noqa: E402
+from broker.service.envelopes import Envelopes  # noqa: E402
+from broker.service.service import Service, _Batch  # noqa: E402
+from broker.state.layout import Payload  # noqa: E402
+from broker.state.pager import RocksPager  # noqa: E402
+from broker.state.rocks import RocksStore  # noqa: E402
+from broker.values import Bookmark  # noqa: E402
+
+SUBSCRIBERS = 4
+PAD = b"x" * 40  # payloads of about the benchmark's size
+
+
+class _Kafka:
+    """What the service's producer does, instantly: every record acknowledged."""
+
+    def __init__(self) -> None:
+        self._pending: list[Any] = []
+        self._offset = 0
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **kw: Any) -> None:
+        self._pending.append((topic, kw.get("on_delivery")))
+
+    def poll(self, _timeout: float = 0) -> int:
+        done, self._pending = self._pending, []
+        for topic, callback in done:
+            self._offset += 1
+            callback(None, _Sent(topic, self._offset))
+        return len(done)
+
+    def flush(self, _timeout: float = 0) -> int:
+        self.poll()
+        return 0
+
+
+class _Sent:
+    def __init__(self, topic: str, offset: int) -> None:
+        self._topic, self._offset = topic, offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class _Record:
+    """A consumed record, as confluent-kafka hands it over."""
+
+    def __init__(self, topic: str, value: bytes, offset: int = 0) -> None:
+        self._topic, self._value, self._offset = topic, value, offset
+
+    def topic(self) -> str:
+        return self._topic
+
+    def value(self) -> bytes:
+        return self._value
+
+    def key(self) -> None:
+        return None
+
+    def headers(self) -> None:
+        return None
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, int(time.time() * 1000))
+
+
+class _Inputs:
+    positions: dict[Any, int] = {}
+
+    def resume(self, _queue: str) -> None:
+        pass
+
+    def of_queue(self, _queue: str) -> list[Any]:
+        return []
+
+
+def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
+    """A shard's service on RocksDB in `tmp`, without Kafka; and what it delivers, by sub."""
+    config = parse_config({
+        "service": {"data_dir": str(tmp), "topic_prefix": "kq"},
+        "queue": [{"name": "Q", "underlying_topic": "T",
+                   "max_per_subscription_backlog": 100_000}]})
+    svc = Service(config, "unused")
+    store = RocksStore(tmp / "state", 64 << 20)
+    svc.engine.use_pager(RocksPager(tmp / "pager", 64 << 20))
+    svc._store = store
+    svc._committer = Committer(_Kafka(), store, svc.engine, "kq.journal",  # type: ignore[arg-type]
+                               next_batch=0)
+    svc.inputs = _Inputs()  # type: ignore[assignment]
+    delivered: dict[str, list[tuple[str, int]]] = {}
+    deliver = svc._deliver
+
+    def noting(d: Any, batch: Any) -> None:
+        delivered.setdefault(d.sub_id, []).append((str(d.bookmark), d.delivery_count))
+        deliver(d, batch)
+
+    svc._deliver = noting  # type: ignore[method-assign]
+    return svc, delivered
+
+
+def _batch(svc: Service) -> _Batch:
+    batch = _Batch()
+    svc._batch_payloads = batch.cp.payloads
+    return batch
+
+
+def service_drain(messages: int, backlog: int) -> Callable[[], int]:
+    """Arrivals and subscriptions done; returns the drain to time."""
+    svc, delivered = _service(Path(tempfile.mkdtemp(prefix="kq-bench-cpu-")))
+    now = int(time.time() * 1000)
+    for start in range(0, messages, 1000):
+        batch = _batch(svc)
+        for offset in range(start, min(messages, start + 1000)):
+            value = b'{"n": %d, "pad": "%s"}' % (offset, PAD)
+            batch.cp.positions[("Q", "T", 0)] = offset + 1
+            svc._source_record(_Record("T", value, offset), Bookmark("T", 0, offset), ["Q"],
+                               now, batch)
+        svc._commit(batch, 1000)
+    svc._committer.flush_held()
+    workers = [ClientCore(f"w{i}", "") for i in range(SUBSCRIBERS)]
+    batch = _batch(svc)
+    for i, w in enumerate(workers):
+        for out in w.command("subscribe", sub_id=f"s{i}", queue="Q", max_backlog=backlog,
+                             mode="queue"):
+            svc._command(_Record("kq.commands", out.value), None, now, batch)
+    svc._run(ev.Tick(), now, batch)
+    svc._commit(batch, SUBSCRIBERS)
+    svc._committer.flush_held()
+
+    def drain() -> int:
+        acked = 0
+        while acked < messages:
+            batch, commands = _batch(svc), 0
+            for i, w in enumerate(workers):
+                held = delivered.get(f"s{i}", [])
+                done, delivered[f"s{i}"] = held[:backlog // 2], held[backlog // 2:]
+                if not done:
+                    continue
+                for out in w.command("ack", queue="Q", bookmarks=[b for b, _ in done],
+                                     delivery_counts=[n for _, n in done]):
+                    svc._command(_Record("kq.commands", out.value), None, now, batch)
+                    commands += 1
+                acked += len(done)
+            if not commands:
+                raise SystemExit(f"nothing delivered after {acked} acks")
+            svc._commit(batch, commands)
+        svc._committer.flush_held()
+        return acked
+    return drain
+
+
+def client_drain(messages: int, backlog: int) -> Callable[[], int]:
+    per_envelope = max(1, backlog // 2)
+    envelopes: list[bytes] = []
+    for start in range(0, messages, per_envelope):
+        env = Envelopes(1 << 20)
+        for i in range(start, min(messages, start + per_envelope)):
+            payload = Payload(None, b'{"n": %d, "pad": "%s"}' % (i, PAD), [], 1_700_000_000_000)
+            env.add("kq.deliver.w0", "s0", "Q", "json", f"T/0/{i}", 1, 1_700_000_030_000,
+                    False, i, payload.encode())
+        envelopes += [r.value for r in env.records() if r.value is not None]
+
+    class Owner:  # what the sync client does with an ack
+        def _ack(self, msg: Any, wait: bool) -> None:
+            if core.ack(msg):
+                core.take_acks()
+
+    core = ClientCore("w0", "", owner=Owner())
+    sub = SubscriptionState("Q", "s0", "queue", {})
+    sub.backlog = backlog
+    core.add(sub)
+
+    def drain() -> int:
+        n = 0
+        for value in envelopes:
+            core.receive(value)
+            while sub.buffer:
+                if core.acks_due(sub):
+                    core.take_acks()
+                sub.buffer.popleft().ack()
+                n += 1
+        return n
+    return drain
+
+
+def measure(drain: Callable[[], int], profile: bool) -> float:
+    """CPU microseconds per message of `drain`."""
+    started = time.process_time()
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        n = drain()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+    else:
+        n = drain()
+    return (time.process_time() - started) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--messages", type=int, default=40_000)
+    ap.add_argument("--backlog", type=int, default=100)
+    ap.add_argument("--profile", choices=("service", "client"))
+    a = ap.parse_args(argv)
+    out = {"service_us_per_msg": measure(service_drain(a.messages, a.backlog),
+                                         a.profile == "service"),
+           "client_us_per_msg": measure(client_drain(a.messages, a.backlog),
+                                        a.profile == "client")}
+    print(f"CPU per message without Kafka ({a.messages} messages, backlog {a.backlog}): "
+          f"kq serve {out['service_us_per_msg']:.1f} us, client {out['client_us_per_msg']:.1f} us")
+    return out
+
+
+if __name__ == "__main__":
+    main()
