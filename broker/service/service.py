@@ -55,7 +55,7 @@ from broker.service.shard_io import ShardIO
 from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
 from broker.service.topics import Topics, shard_dir
-from broker.state.layout import Checkpoint, Payload, load_payload
+from broker.state.layout import Checkpoint, Payload, load_packed_payload, load_payload
 from broker.state.store import Store
 from broker.values import NOTICE, Bookmark
 
@@ -359,28 +359,29 @@ class Service:
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
 
     # -- effects ---------------------------------------------------------------------------
-    def _payload(self, bm: Bookmark, batch: _Batch, queue: str) -> Payload:
-        p = batch.cp.payloads.get(bm) or self._stored_payload(bm)
-        if p is None:
+    def _packed(self, bm: Bookmark, batch: _Batch, queue: str) -> bytes:
+        """A message's payload as envelopes carry it: stored packed, so passed on as it is."""
+        p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
+        packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
+        if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
-        return p
+        return packed
 
     def _stored_payload(self, bm: Bookmark) -> Payload | None:
-        """A queued message's payload: held for the next state write, or in the store."""
-        assert self._store is not None
+        assert self._store is not None  # held for a state write yet to come, or stored
         return self._committer.held_payload(bm) or load_payload(self._store, bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
-        p = self._payload(d.bookmark, batch, d.queue)
+        packed = self._packed(d.bookmark, batch, d.queue)
         if batch.envelopes is None:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self.topics.deliver(d.client), d.sub_id, d.queue,
                             self.engine.queues[d.queue].config.format, str(d.bookmark),
                             d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq,
-                            p.encode())
+                            packed)
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
-        p = self._payload(d.bookmark, batch, d.queue)
+        p = Payload.decode(self._packed(d.bookmark, batch, d.queue))
         batch.outbox.copies.append(dead_letter_copy(d, p))
 
     def _reply(self, batch: _Batch, client: str, request_id: str,

@@ -383,6 +383,15 @@ def _load_stored(bm_text: str, data: bytes) -> Message:
     return decode_message(Bookmark.parse(bm_text), data)
 
 
+def load_packed_payload(store: Store | None, bm: Bookmark) -> bytes | None:
+    """A stored payload as a delivery envelope carries it, without unpacking it."""
+    assert store is not None
+    raw = store.get(payload_key(bm))
+    if raw is None or is_packed_payload(raw):
+        return raw
+    return Payload.decode(raw).encode()  # written before payloads were packed
+
+
 def load_payload(store: Store, bm: Bookmark) -> Payload | None:
     raw = store.get(payload_key(bm))
     return Payload.decode(raw) if raw else None

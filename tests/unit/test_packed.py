@@ -9,7 +9,14 @@ from broker.client.message import unpack_deliveries
 from broker.engine.queue import Message
 from broker.engine.states import MessageState
 from broker.service.envelopes import Envelopes
-from broker.state.layout import Payload, decode_message, encode_message
+from broker.state.layout import (
+    Payload,
+    decode_message,
+    encode_message,
+    load_packed_payload,
+    payload_key,
+)
+from broker.state.store import MemoryStore
 from broker.values import Bookmark
 
 BM = Bookmark("ORDERS", 2, 41)
@@ -28,6 +35,19 @@ def test_a_payload_stored_by_an_earlier_kq_as_avro_is_still_read():
     old = wire.encode("stored_payload", {"key": b"k", "value": b"v", "timestamp_ms": 9,
                                          "headers": [{"key": "h", "value": None}]})
     assert Payload.decode(old) == Payload(b"k", b"v", [("h", None)], 9)
+
+
+def test_a_payload_goes_into_envelopes_packed_whichever_kq_stored_it():
+    """Deliveries pass stored bytes on as they are; an Avro one of an earlier kq is packed."""
+    store = MemoryStore()
+    packed = Payload(b"k", b"v", [("h", None)], 9).encode()
+    store.write({payload_key(BM): packed}, ())
+    assert load_packed_payload(store, BM) == packed
+    store.write({payload_key(BM): wire.encode("stored_payload", {
+        "key": b"k", "value": b"v", "timestamp_ms": 9,
+        "headers": [{"key": "h", "value": None}]})}, ())
+    assert load_packed_payload(store, BM) == packed
+    assert load_packed_payload(store, Bookmark("ORDERS", 2, 42)) is None
 
 
 def test_a_stored_message_reads_back_as_written():
