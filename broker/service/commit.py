@@ -272,7 +272,12 @@ class Committer:
             self._sender.check(acks, what)
 
     def _flushed(self, acks: Acks, what: str) -> None:
-        left = self._sender.flush()
+        try:
+            left = self._sender.flush()
+        except SystemError:  # a fatal producer error confluent-kafka lost the cause of:
+            if acks.fenced:  # the records' own answers may still say who fenced us
+                self._sender.raise_if_fenced(acks.fenced[0])
+            raise
         if left and not acks.done:
             acks.errors.append(f"{left} records not acknowledged within {FLUSH_TIMEOUT_S}s")
 
