@@ -25,8 +25,6 @@ log = logging.getLogger("kq.kafka")
 
 Settings = Mapping[str, Any]
 
-_QUIET = logging.getLogger("kq.librdkafka")
-_QUIET.setLevel(logging.CRITICAL)
 
 
 def group_heartbeat_ms(session_ms: int) -> int:
@@ -78,7 +76,10 @@ def base_config(bootstrap: str, extra: Settings | None = None,
     which wins, as an operator tuning for their own Kafka expects."""
     check_settings(extra)
     # librdkafka logs every failed connection; the reachability check reports those itself.
-    cfg: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _QUIET,
+    # Silenced at the source, not through a Python logger: a logger's Python code runs
+    # inside librdkafka's callbacks and can swallow a fatal error confluent-kafka left
+    # pending there (a fenced producer's flush then raised a bare SystemError).
+    cfg: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0,
                            "error_cb": lambda err: None}
     cfg.update(defaults or {})
     cfg.update(extra or {})
@@ -185,11 +186,11 @@ def check_reachable(bootstrap: str, extra: Settings | None = None, timeout: floa
     failures = _LastFailure()
     watcher = logging.getLogger(f"kq.librdkafka.check.{id(failures)}")
     watcher.propagate = False
-    watcher.setLevel(logging.WARNING)  # its parent, kq.librdkafka, is silenced
+    watcher.setLevel(logging.WARNING)
     watcher.addHandler(failures)
     client = _build(AdminClient, {**base_config(bootstrap, extra,
                                                 {"allow.auto.create.topics": False}),
-                                  "logger": watcher})
+                                  "logger": watcher, "log_level": 4})  # 4: warnings
     try:
         client.list_topics(timeout=timeout)
     except KafkaException as exc:
