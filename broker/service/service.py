@@ -45,7 +45,7 @@ from broker.service.docs import Docs
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
-from broker.service.memory import calm_collector, release_free_memory
+from broker.service.memory import calm_collector, release_free_memory, thaw_collector
 from broker.service.metrics import Metrics
 from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
@@ -173,8 +173,8 @@ class Service:
             if self._snapshots is not None:
                 self._snapshots.close()  # before the store it reads is closed
             io.close()
-            # Drop every client now: a broker being stopped waits for open connections.
-            self._committer = None  # type: ignore[assignment]
+            self._committer = None  # type: ignore[assignment]  # a stopping broker waits
+            thaw_collector()  # for open connections: drop its clients, free the shard
 
     def lag(self) -> int:
         return self.inputs.lag() if hasattr(self, "inputs") else 0

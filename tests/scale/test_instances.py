@@ -4,9 +4,11 @@ session timeout), and nothing is lost, acked twice or counted back."""
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import time
+import weakref
 from pathlib import Path
 
 import ops.ledger
@@ -17,6 +19,7 @@ from broker.kafka import clients
 from broker.kafka.ranges import real_ends, records
 from tests.integration.kit import (
     ServeProcess,
+    config,
     ensure_topic,
     kq,
     publish,
@@ -311,3 +314,33 @@ def test_a_standby_takes_over_a_long_journal_replaying_only_its_tail(bootstrap, 
         for proc in (a, b):
             if proc is not None:
                 proc.stop()
+
+
+def _kafka_client_threads() -> int:
+    """librdkafka's threads in this process: each live client has a few."""
+    tasks = Path("/proc/self/task")
+    return sum(1 for t in tasks.iterdir() if (t / "comm").read_text().startswith("rdk:"))
+
+
+def test_a_shard_that_stopped_in_a_process_frees_its_state_and_kafka_clients(
+        bootstrap, tmp_path):
+    """An instance runs shards one after another as they move to and from it: a stopped
+    shard's service (its engine and queues, its Kafka clients and their threads) must go,
+    or a long-lived instance grows with every move (and runs out of thread-local keys)."""
+    u = uid()
+    name = f"FREE_{u}"
+    ensure_topic(bootstrap, name)
+    publish(bootstrap, name, [b'{"n": %d}' % i for i in range(50)])
+    threads_before = _kafka_client_threads()
+    gone = []
+    for _ in range(2):  # the second start must not keep the first one's service either
+        cfg = config(f"kq{u}", str(tmp_path / "state"), [{"name": name}])
+        with running_service(bootstrap, cfg) as service:
+            wait_for(lambda s=service: s.engine.queues[name].stats.next_seq >= 50, 30,
+                     "the messages to be queued")
+        gone.append(weakref.ref(service))
+        del service
+    gc.collect()
+    assert [ref() is None for ref in gone] == [True, True]
+    wait_for(lambda: _kafka_client_threads() <= threads_before, 10,
+             "the stopped services' Kafka client threads to end")
