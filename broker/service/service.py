@@ -388,9 +388,9 @@ class Service:
                body: dict[str, Any] | None = None, error: str | None = None) -> None:
         q = self.engine.queues.get(body.get("queue", "")) if body and "sub_id" in body else None
         if body is not None and (q is not None or request_id == NOTICE):
-            # subscribed: the client sends the queue's commands to this shard from now on;
-            # a notice: news of the client's subscriptions on this shard
-            body = {**body, "shard": self.shard}
+            body = {**body, "shard": self.shard}  # where the client's commands go from now
+            if q is None:  # a notice: news of the client's subscriptions on this shard
+                log.info("told client %s: %s", client, body)
         if q is not None and q.config.schema_:  # a subscriber decodes msg.data with it
             body = {**(body or {}), "schema": load_schema(q.config.schema_)}
         env = wire.encode("envelope", {
