@@ -60,6 +60,7 @@ class QueueClient:
                              kafka_config)
         self.core.shards = self._io.shard_count()
         self._closed = threading.Event()
+        self._beating = threading.Lock()  # no heartbeat goes out after the close command
         self._heartbeat_s = heartbeat_interval
         self._again: threading.Thread | None = None  # subscribing again what was dropped
         self._heartbeat = threading.Thread(target=self._beat, daemon=True, name="kq-heartbeat")
@@ -137,9 +138,10 @@ class QueueClient:
 
     def close(self) -> None:
         """Leave: every subscription ends and its leases return to the queues at once."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        with self._beating:
+            if self._closed.is_set():
+                return
+            self._closed.set()
         try:
             out = self.core.take_acks()
             for shard in self.core.shards_used():
@@ -243,10 +245,13 @@ class QueueClient:
         while not self._closed.wait(self._heartbeat_s):
             if self.core.subs:
                 try:
-                    out = self.core.take_acks()
-                    for shard in self.core.shards_used():
-                        out += self.core.command("heartbeat", shard=shard)
-                    self._send(out)
+                    with self._beating:
+                        if self._closed.is_set():
+                            return
+                        out = self.core.take_acks()
+                        for shard in self.core.shards_used():
+                            out += self.core.command("heartbeat", shard=shard)
+                        self._send(out)
                     self._io.read_if_idle(self.core)
                     self._start_subscribing_again()
                 except Exception as exc:  # never let the heartbeat thread die silently
