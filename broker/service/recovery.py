@@ -21,6 +21,7 @@ from broker.errors import StateError
 from broker.kafka.clients import headers_of, take
 from broker.kafka.fetch import fetch_records
 from broker.service.journal import BatchAssembler, Part, transitions_in
+from broker.service.memory import collector_paused
 from broker.service.snapshots import restore
 from broker.state.layout import (
     Checkpoint,
@@ -55,6 +56,7 @@ class Recovered:
     seen: Seen | None = None
 
 
+@collector_paused
 def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str,
             write_marker, now: int, fetcher: Consumer,  # noqa: ANN001
             partition: int = 0, stopping: Callable[[], bool] = lambda: False,
