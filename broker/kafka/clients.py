@@ -26,7 +26,6 @@ log = logging.getLogger("kq.kafka")
 Settings = Mapping[str, Any]
 
 
-
 def group_heartbeat_ms(session_ms: int) -> int:
     """The heartbeat interval of kq's group members: a fifth of the session, 0.1 to 1 s."""
     return max(100, min(1000, session_ms // 5))
