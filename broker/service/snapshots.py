@@ -50,8 +50,7 @@ READER = {"max.partition.fetch.bytes": 32 * 1024 * 1024, "fetch.max.bytes": 64 *
 TURNS_BEFORE = 500  # the loop's last turns before a snapshot: what its turns are compared with
 SURVEY_FIRST = 16  # records looked at from the partition's end first; four times more each try
 FLUSH_TIMEOUT_S = 60.0
-STOP_BUDGET_S = 10.0  # at a clean stop: the longest wait for its snapshot (1,000,000
-# entries take 2-4 s; a stop without one leaves a restore without data_dir the whole journal)
+STOP_BUDGET_S = 2.5  # at a clean stop: the longest wait for its snapshot
 
 
 def _p99(ordered: list[float]) -> float:
