@@ -50,7 +50,11 @@ READER = {"max.partition.fetch.bytes": 32 * 1024 * 1024, "fetch.max.bytes": 64 *
 TURNS_BEFORE = 500  # the loop's last turns before a snapshot: what its turns are compared with
 SURVEY_FIRST = 16  # records looked at from the partition's end first; four times more each try
 FLUSH_TIMEOUT_S = 60.0
-STOP_BUDGET_S = 2.5  # at a clean stop: the longest wait for its snapshot
+# At a clean stop the snapshot is waited for while it makes progress (a chunk built or
+# acknowledged) and given up STALL_S after the last, or after STOP_LIMIT_S in all: a big
+# state takes seconds to write, while a stop with Kafka away must stay prompt.
+STALL_S = 2.5
+STOP_LIMIT_S = 15.0  # within the instance's STOP_WITHIN_S
 
 
 def _p99(ordered: list[float]) -> float:
@@ -169,6 +173,7 @@ class SnapshotWriter:
         # costs the loop
         self._turns: list[float] = []
         self._before: deque[float] = deque(maxlen=TURNS_BEFORE)
+        self._progress_at = 0.0  # when the snapshot being written last moved on
 
     def turn(self, seconds: float) -> None:
         """The shard's loop took `seconds` for a turn."""
@@ -209,19 +214,31 @@ class SnapshotWriter:
 
     def write_now(self) -> None:
         """At a clean stop: a snapshot of the state as it is now, after any being written,
-        all within STOP_BUDGET_S. Past it (Kafka slow or away) the stop goes on without it:
-        the previous snapshot and the journal still restore everything."""
-        deadline = time.monotonic() + STOP_BUDGET_S
+        waited for while it progresses (see STALL_S). Past that (Kafka slow or away) the
+        stop goes on without it: the previous snapshot and the journal restore everything."""
+        started = time.monotonic()
         if self._thread is not None:
-            self._thread.join(STOP_BUDGET_S)
+            self._join_while_moving(started)
         if not self.busy:
             self._thread = threading.Thread(target=self._write_logged, daemon=True,
                                             name=f"kq-snapshot-{self.shard}")
+            self._progress_at = time.monotonic()
             self._thread.start()
-            self._thread.join(max(0.0, deadline - time.monotonic()))
+            self._join_while_moving(started)
         if self.busy:
-            log.warning("snapshot of shard %d at the stop not written within %.0f s (is Kafka "
-                        "reachable?): stopping without it", self.shard, STOP_BUDGET_S)
+            log.warning("snapshot of shard %d at the stop not written (nothing for %.1f s, "
+                        "or %.0f s in all; is Kafka reachable?): stopping without it",
+                        self.shard, STALL_S, STOP_LIMIT_S)
+
+    def _join_while_moving(self, started: float) -> None:
+        assert self._thread is not None
+        while self._thread.is_alive():
+            now = time.monotonic()
+            stalled_at = max(self._progress_at, started) + STALL_S
+            give_up_at = min(stalled_at, started + STOP_LIMIT_S)
+            if now >= give_up_at:
+                return
+            self._thread.join(min(give_up_at - now, 0.1))
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -237,12 +254,13 @@ class SnapshotWriter:
                         self.shard, self.interval_s, exc)
 
     def _write(self) -> None:
-        started = time.monotonic()
+        started = self._progress_at = time.monotonic()
         self._turns, before = [], sorted(self._before)
         self._before.clear()
         frozen = self._store.frozen(self._where)
         try:
             froze_s = time.monotonic() - started
+            self._progress_at = time.monotonic()
             meta = load_meta(frozen)
             if meta["offset"] < 0:
                 return  # nothing journaled yet
@@ -271,12 +289,14 @@ class SnapshotWriter:
                     errors.append(err.str())
                 else:
                     offsets[seq] = msg.offset()
+                    self._progress_at = time.monotonic()
             return on_delivery
 
         count = entries = size = 0
         for key, value, n in fmt.chunks(frozen.scan(b""), self.shard, snapshot):
             self._produce(key, value, delivered(count))
             count, entries, size = count + 1, entries + n, size + len(value)
+            self._progress_at = time.monotonic()
             if count == 1 and os.environ.get("KQ_CRASH_IN_SNAPSHOT") == "chunks":
                 self._flush(errors, "chunks")  # crash tests: a chunk in, the rest to come
                 _crash_if("chunks")
@@ -315,6 +335,7 @@ class SnapshotWriter:
             try:
                 self._producer.produce(self.topic, value, key, partition=self.shard,
                                        on_delivery=on_delivery)
+                self._producer.poll(0)  # acknowledgements as they come: they are progress
                 return
             except BufferError:  # the producer's queue is full: let some go out
                 self._producer.poll(0.1)
