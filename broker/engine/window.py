@@ -281,11 +281,13 @@ class Window:
     def _page_out_raw(self, items: list[tuple[Any, int, str, bytes]],
                       load: Callable[[str, bytes], Message]) -> None:
         assert self.pager is not None
+        if not items:
+            return
         self.pager.put_raw_many(self.name, items, load)
-        for order, _, _, _ in items:
-            self.paged += 1
-            if self._floor is None or order < self._floor:
-                self._floor = order
+        self.paged += len(items)
+        lowest = min(items)[0]  # (an order is unique: the rest of the item is never compared)
+        if self._floor is None or lowest < self._floor:
+            self._floor = lowest
         items.clear()
 
     def _page_out_all(self, msgs: list[Message]) -> None:

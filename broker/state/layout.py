@@ -372,7 +372,8 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         if raw:
             decode_queue(raw, q)
         prefix = b"m" + SEP + name.encode() + SEP
-        records = ((k[len(prefix):].decode(), v) for k, v in store.scan(prefix))
+        skip = len(prefix)
+        records = ((k[skip:].decode(), v) for k, v in store.scan(prefix))
         held = b"g" + SEP + name.encode() + SEP
         holders = {k[len(held):].decode(): v.decode() for k, v in store.scan(held)}
         engine.restore_stored(name, records, _load_stored, subs_by_queue.get(name, []), now,

@@ -33,6 +33,7 @@ _SEQ = struct.Struct(">q")
 _LEN = struct.Struct("<H")
 PENDING_LIMIT = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
+_NO_PRIORITY = b"\x01" + bytes(8)  # order_key's head for a message without a priority
 
 
 def order_key(order: tuple[Any, int]) -> bytes:
@@ -44,7 +45,7 @@ def order_key(order: tuple[Any, int]) -> bytes:
         body = (value.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
                 if isinstance(value, str) else _double(value))
         return b"\x02" + bytes([kind]) + body + _SEQ.pack(seq)
-    head = b"\x01" + bytes(8) if first == math.inf else b"\x00" + _double(first)
+    head = _NO_PRIORITY if first == math.inf else b"\x00" + _double(first)
     return head + _SEQ.pack(seq)
 
 
@@ -123,15 +124,21 @@ class RocksPager:
     def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
                      load: Any = None) -> None:
         """Records as the store holds them (packed): copied, not decoded."""
-        batch = self._pending
-        head = queue.encode() + SEP
+        if not items:
+            return
+        put, head = self._pending.put, queue.encode() + SEP
+        o, b, s, pack_len, pack_seq = b"o" + head, b"b" + head, b"s" + head, _LEN.pack, _SEQ.pack
+        lowest = None
         for order, seq, text, packed in items:
-            key = order_key(order)
+            # the usual order, (no priority, seq), without the general encoding's tests
+            key = _NO_PRIORITY + pack_seq(seq) if order[0] == math.inf else order_key(order)
             bm = text.encode()
-            self._lower(queue, b"o" + head + key)
-            batch.put(b"o" + head + key, _LEN.pack(len(packed)) + packed + bm)
-            batch.put(b"b" + head + bm, key)
-            batch.put(b"s" + head + _SEQ.pack(seq), key)
+            if lowest is None or key < lowest:
+                lowest = key
+            put(o + key, pack_len(len(packed)) + packed + bm)
+            put(b + bm, key)
+            put(s + pack_seq(seq), key)
+        self._lower(queue, o + lowest)
         self._pended(len(items))
         self._counts[queue] = self._counts.get(queue, 0) + len(items)
 
