@@ -78,7 +78,9 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
     done = threading.Event()
 
     def work(queue: str, n: int) -> None:
-        with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"w{n}-{u}") as c:
+        # (a name per client: two clients of one name share its delivery topic, and the
+        # close of one ends the other's subscriptions)
+        with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"w{n}-{queue}") as c:
             sub = c.subscribe(queue, max_backlog=1)
             while not done.is_set():
                 for m in sub.messages(timeout=0.5):
