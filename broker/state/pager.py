@@ -138,6 +138,7 @@ class RocksPager:
             put(o + key, pack_len(len(packed)) + packed + bm)
             put(b + bm, key)
             put(s + pack_seq(seq), key)
+        assert lowest is not None  # (items is not empty)
         self._lower(queue, o + lowest)
         self._pended(len(items))
         self._counts[queue] = self._counts.get(queue, 0) + len(items)
