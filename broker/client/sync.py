@@ -43,9 +43,10 @@ class QueueClient:
     """A connection to the kq service: subscribe to queues, ack, query. A context manager;
     `close()` (or leaving the `with`) returns every lease held at once.
 
-    `name` must be unique per process (the delivery topic is PREFIX.deliver.<name>; one is
-    made up when not given). `on_refused(error)` is called with each refusal of a command
-    sent without waiting (a late ack), besides keeping it in `errors`."""
+    `name` must be unique among running clients, two in one process included (the delivery
+    topic is PREFIX.deliver.<name>; one is made up when not given). `on_refused(error)` is
+    called with each refusal of a command sent without waiting (a late ack), besides keeping
+    it in `errors`."""
 
     def __init__(self, bootstrap_servers: str, name: str | None = None, topic_prefix: str = "kq",
                  kafka_config: dict[str, Any] | None = None, principal: str | None = None,
