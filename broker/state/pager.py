@@ -40,13 +40,14 @@ def order_key(order: tuple[Any, int]) -> bytes:
     """`Message.order` as bytes that sort the same way: (-priority or inf, seq), or in a
     sorted queue ((kind, number or string), seq)."""
     first, seq = order
+    if first == math.inf:  # the usual order, (no priority, seq): first, without the tests
+        return _NO_PRIORITY + _SEQ.pack(seq)
     if isinstance(first, tuple):
         kind, value = first
         body = (value.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
                 if isinstance(value, str) else _double(value))
         return b"\x02" + bytes([kind]) + body + _SEQ.pack(seq)
-    head = _NO_PRIORITY if first == math.inf else b"\x00" + _double(first)
-    return head + _SEQ.pack(seq)
+    return b"\x00" + _double(first) + _SEQ.pack(seq)
 
 
 def _double(value: float) -> bytes:
@@ -130,8 +131,7 @@ class RocksPager:
         o, b, s, pack_len, pack_seq = b"o" + head, b"b" + head, b"s" + head, _LEN.pack, _SEQ.pack
         lowest = None
         for order, seq, text, packed in items:
-            # the usual order, (no priority, seq), without the general encoding's tests
-            key = _NO_PRIORITY + pack_seq(seq) if order[0] == math.inf else order_key(order)
+            key = order_key(order)
             bm = text.encode()
             if lowest is None or key < lowest:
                 lowest = key
