@@ -131,7 +131,7 @@ class Committer:
                  next_batch: int, transactional: bool = False, partition: int = 0,
                  fence: Fence | None = None) -> None:
         self._producer = producer
-        self._sender = Sender(producer, partition)
+        self._sender = Sender(producer, partition, transactional)
         self.transactional = transactional  # the producer has a transactional.id
         self._store = store
         self._engine = engine

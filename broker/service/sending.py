@@ -17,6 +17,7 @@ from broker.errors import DeliveryFailedError, FencedError
 # the shard (librdkafka's local code, then the brokers' two)
 FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 FLUSH_TIMEOUT_S = 15.0
+ABORT_PROBE_S = 5.0
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -64,9 +65,10 @@ class Acks:
 class Sender:
     """The shard's producer, for the committer."""
 
-    def __init__(self, producer: Producer, partition: int) -> None:
+    def __init__(self, producer: Producer, partition: int, transactional: bool = False) -> None:
         self._producer = producer
         self._partition = partition  # the shard, for the fenced error's message
+        self._transactional = transactional
 
     def produce(self, records: Iterable[OutRecord], count: int) -> Acks:
         """Hand `records` (`count` of them) to the producer; their acknowledgements come
@@ -115,16 +117,32 @@ class Sender:
 
     def _fatal_as_error(self, call: Callable[[], Any]) -> Any:
         """A fatal producer error (a fenced transactional producer) surfaces as a
-        KafkaException, or as the cause of a SystemError when confluent-kafka then calls a
-        delivery callback with it still pending."""
+        KafkaException, as the cause of a SystemError when confluent-kafka then calls a
+        delivery callback with it still pending, or as a bare SystemError whose cause only
+        the producer's error callback saw (`KqProducer.fatal`)."""
         try:
             return call()
         except (KafkaException, SystemError) as exc:
-            fatal = exc if isinstance(exc, KafkaException) else exc.__cause__
-            if isinstance(fatal, KafkaException):
-                self.raise_if_fenced(fatal.args[0])
-                raise DeliveryFailedError(f"producing failed: {fatal}") from None
-            raise
+            cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+            if not isinstance(cause, KafkaException):
+                cause = self._fatal_behind()
+            if cause is None:
+                raise
+            self.raise_if_fenced(cause.args[0])
+            raise DeliveryFailedError(f"producing failed: {cause}") from None
+
+    def _fatal_behind(self) -> KafkaException | None:
+        """What a bare SystemError hid: confluent-kafka raises a fatal error from inside
+        librdkafka's callbacks, and a Python callback served after it can lose it, leaving a
+        flush that failed and names nothing. A transactional producer says it again when
+        asked to abort, which is what follows any failure inside a transaction anyway."""
+        if not self._transactional:
+            return None
+        try:
+            self._producer.abort_transaction(ABORT_PROBE_S)
+        except KafkaException as exc:
+            return exc if exc.args[0].fatal() else None
+        return None
 
     def _produce(self, r: OutRecord, acks: Acks, i: int) -> None:
         while True:

@@ -5,6 +5,7 @@ one. The embedded broker does this (it does not isolate transactions, but it fen
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaException
 
 from broker import wire
 from broker.engine.engine import Engine
@@ -12,6 +13,7 @@ from broker.errors import FencedError
 from broker.kafka import clients
 from broker.kafka.ranges import real_ends, records
 from broker.service.commit import Committer
+from broker.service.sending import FENCED
 from broker.state.store import MemoryStore
 from tests.integration.kit import ensure_topic, uid
 
@@ -44,3 +46,19 @@ def test_an_old_owner_writes_nothing_once_a_new_one_started(bootstrap):
     with pytest.raises(FencedError):
         old.write_marker("old, again")
     assert _journal(bootstrap, journal) == ["old", "new"]
+
+
+def test_a_fenced_producer_says_so_again_when_asked_to_abort(bootstrap):
+    # how the committer names a fenced flush that confluent-kafka reported as a bare
+    # SystemError (broker.service.sending)
+    topic = f"kq{uid()}.fenced"
+    ensure_topic(bootstrap, topic, partitions=1)
+    old = clients.service_producer(bootstrap, None, f"{topic}.shard.0")
+    clients.service_producer(bootstrap, None, f"{topic}.shard.0")
+    old.begin_transaction()
+    old.produce(topic, b"late")
+    with pytest.raises((KafkaException, SystemError)):
+        old.flush(10)
+    with pytest.raises(KafkaException) as asked:
+        old.abort_transaction(5)
+    assert asked.value.args[0].fatal() and asked.value.args[0].code() in FENCED
