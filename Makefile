@@ -19,13 +19,14 @@ install-test: $(BIN)/python
 run: install
 	$(BIN)/kq serve --config $(CONFIG)
 
-# Test files run side by side, one file per worker (each worker starts its own brokers): most
-# tests wait on Kafka rather than compute, so two workers nearly halve the time on two cores.
-# Every test that talks to a broker runs twice: on the embedded broker and on Apache Kafka
-# (Java 17 and Maven; skipped with the reason where they are missing, a failure in CI).
-# The 15 slowest tests are listed at the end: the suite must stay under 30 minutes.
+# Test files run side by side, one file per worker (each worker starts its own brokers), the
+# slowest files first (tests/conftest.py). Most tests wait on Kafka (group sessions, leases,
+# restarts) rather than compute: three workers keep two cores busy, where two left a third
+# of them idle. Every test that talks to a broker runs twice: on the embedded broker and on
+# Apache Kafka (Java 17 and Maven; skipped with the reason where they are missing, a failure
+# in CI). The 15 slowest tests are listed at the end: the suite must stay under 30 minutes.
 test: install-test docs lint
-	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15
 
 lint: install-test
 	$(BIN)/ruff check broker cli tests ops

