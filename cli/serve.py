@@ -73,10 +73,12 @@ def serve(
 
     Several instances with one config (each with its own data_dir and instance name) share
     the shards: Kafka's group protocol gives each shard to one of them."""
+    from broker import compiled
     from broker.service.instance import Instance
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kq.serve").info("%s", compiled.describe())
     cfg = load(config)
     overrides = {k: v for k, v in (("data_dir", data_dir), ("instance", instance)) if v}
     if overrides:

@@ -4,6 +4,8 @@ expire. A part of the engine (its base class); `leasing` decides whose leases on
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 from broker.engine import events as ev
 from broker.engine.effects import Reply
 from broker.engine.part import EnginePart
@@ -15,6 +17,7 @@ from broker.expr import compile_expression
 from broker.values import Bookmark
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class Acks(EnginePart):
     def _held_message(self, q: QueueState, client: str, bm: Bookmark, verb: str,
                       delivery: int = 0) -> tuple[Message | None, str | None]:

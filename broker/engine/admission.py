@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mypy_extensions import trait
+
 from broker.engine.effects import Flow
 from broker.engine.part import EnginePart
 from broker.engine.queue import Message, QueueState
@@ -44,6 +46,7 @@ def lvq_value(value: Any) -> Any:
     return ("j", json.dumps(value, sort_keys=True))
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class Admission(EnginePart):
     def _admit(self, q: QueueState, msg: Message, doc: Doc | None, now: int) -> None:
         if q.lvq_key is not None:

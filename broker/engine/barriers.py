@@ -6,6 +6,7 @@ import bisect
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from mypy_extensions import trait
 from sortedcontainers import SortedDict
 
 from broker.expr import compile_expression
@@ -72,6 +73,7 @@ class BarrierWaits:
             self.count(seq, 1)
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class BehindBarriers:
     """A part of `QueueState` (its base class): in a priority queue holding barriers, the
     available messages behind each barrier, gathered by the nearest barrier before them

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from itertools import islice
 
+from mypy_extensions import trait
 from sortedcontainers import SortedDict
 
 from broker.engine.effects import Deliver
@@ -33,6 +34,7 @@ WALK_ON = 500
 GROUP_LOOK = 1_000
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class Dispatcher(EnginePart):
     def _dispatch(self, q: QueueState, now: int) -> None:
         """Hand available messages, oldest first, to subscriptions with room."""

@@ -31,6 +31,7 @@ import math
 from collections import Counter
 from typing import Any
 
+from mypy_extensions import trait
 from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
@@ -56,6 +57,7 @@ def group_name(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class MessageGroups:
     config: QueueConfig
 

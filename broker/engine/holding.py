@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import heapq
 
+from mypy_extensions import trait
+
 from broker.engine.message import Message
 from broker.values import Bookmark
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class Holding:
     messages: dict[Bookmark, Message]
     held: dict[Bookmark, Message]

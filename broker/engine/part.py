@@ -6,12 +6,15 @@ relies on, so every part type-checks alone and the Engine's definitions fill the
 
 from __future__ import annotations
 
+from mypy_extensions import trait
+
 from broker.engine.effects import Effect
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.transitions import Reason, Transition
 from broker.expr import Doc
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class EnginePart:
     queues: dict[str, QueueState]
     subs: dict[str, Subscription]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import heapq
 
+from mypy_extensions import trait
+
 from broker.engine.effects import Reply
 from broker.engine.part import EnginePart
 from broker.engine.queue import QueueState
@@ -22,6 +24,7 @@ CLOCK_RECHECK_MS = 100
 EXPIRE_BATCH = 5_000
 
 
+@trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
 class Timers(EnginePart):
     def deaf_for(self, ms: int) -> None:
         """The service did not run for `ms` (frozen, swapped out): the clients' heartbeats of

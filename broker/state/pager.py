@@ -50,14 +50,16 @@ def order_key(order: tuple[Any, int]) -> bytes:
     return b"\x00" + _double(first) + _SEQ.pack(seq)
 
 
+_BITS = struct.Struct(">Q")  # a double's 64 bits, big-endian
+
+
 def _double(value: float) -> bytes:
     """A float as 8 bytes that sort as it does (-0.0 as 0.0: they are equal, and their tie
     must be broken by seq, as in memory, not by the sign bit)."""
-    raw = bytearray(struct.pack(">d", value + 0.0))
-    if raw[0] & 0x80:  # negative: flip every bit, so larger magnitudes sort first
-        return bytes(b ^ 0xFF for b in raw)
-    raw[0] |= 0x80
-    return bytes(raw)
+    (bits,) = _BITS.unpack(struct.pack(">d", value + 0.0))
+    if bits >> 63:  # negative: flip every bit, so larger magnitudes sort first
+        return _BITS.pack(bits ^ 0xFFFF_FFFF_FFFF_FFFF)
+    return _BITS.pack(bits | 1 << 63)  # positive: above every negative
 
 
 def _message(data: bytes) -> Message:
