@@ -24,7 +24,7 @@ from pathlib import Path
 
 from broker.compiled import ROOT, SOURCES, compiled_modules, describe
 
-BUILD = ROOT / "build" / "mypyc"  # the generated C, kept between builds
+BUILD = ROOT / "build" / "mypyc"  # the generated C and objects, removed with the build
 
 
 def why_not() -> str | None:
@@ -56,7 +56,7 @@ def clean() -> None:
 
 
 def build() -> None:
-    from mypyc.build import mypycify  # the `compiled` extra: mypy and setuptools
+    from mypyc.build import mypycify  # the test extra brings mypy (mypyc) and setuptools
     from setuptools import Distribution
 
     os.chdir(ROOT)  # mypyc names modules from paths, and reads [tool.mypy] from here
