@@ -118,8 +118,8 @@ class Sender:
     def _fatal_as_error(self, call: Callable[[], Any]) -> Any:
         """A fatal producer error (a fenced transactional producer) surfaces as a
         KafkaException, as the cause of a SystemError when confluent-kafka then calls a
-        delivery callback with it still pending, or as a bare SystemError whose cause only
-        the producer's error callback saw (`KqProducer.fatal`)."""
+        delivery callback with it still pending, or as a bare SystemError whose cause was
+        lost (`_fatal_behind` asks the producer again)."""
         try:
             return call()
         except (KafkaException, SystemError) as exc:
