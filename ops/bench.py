@@ -117,16 +117,21 @@ def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
     return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
 
 
-def broker_cpu(bs: str) -> float:
-    """CPU seconds of the process listening on the bootstrap port (0 when not on this
-    machine)."""
+def broker_pid(bs: str) -> int | None:
+    """The process listening on the bootstrap port (None when not on this machine)."""
     import psutil
 
     port = int(bs.rsplit(":", 1)[1])
     for conn in psutil.net_connections(kind="tcp"):
         if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return cpu_seconds(conn.pid)
-    return 0.0
+            return int(conn.pid)
+    return None
+
+
+def broker_cpu(bs: str) -> float:
+    """CPU seconds of the broker's process (0 when not on this machine)."""
+    pid = broker_pid(bs)
+    return 0.0 if pid is None else cpu_seconds(pid)
 
 
 # `--memory-budget` and `--service`: more [service] keys of every kq serve the benchmark
@@ -169,11 +174,17 @@ def query(bs: str, prefix: str, queue: str) -> dict:
 
 
 def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600) -> None:
+    """Wait until the queue's `key` count reaches `value`, asking five times a second with one
+    client: a new client for each question (Kafka connections, metadata) cost the machine
+    about 0.2 of a core more, most of it the broker's, charged to the drain it timed."""
+    from broker.client import QueueClient
+
     deadline = time.monotonic() + timeout
-    while query(bs, prefix, queue)[key] < value:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {key} >= {value}")
-        time.sleep(0.2)
+    with QueueClient(bs, name=f"bench-wait-{uuid.uuid4().hex[:6]}", topic_prefix=prefix) as c:
+        while next(r for r in c.query(what="queues")["queues"] if r["queue"] == queue)[key] < value:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timed out waiting for {key} >= {value}")
+            time.sleep(0.2)
 
 
 def rss_kb(pid: int) -> int:
@@ -306,9 +317,10 @@ def main() -> None:
                          "each (ops/bench_instances.py); compare --instances 1 with 2, as "
                          "both run the same way")
     ap.add_argument("--warmup", type=int, default=None, metavar="N",
-                    help="first relay N messages the raw way, unmeasured, so that the first "
-                         "phase measured does not pay for the broker's warm-up (default "
-                         "30,000 on Apache Kafka, 0 on the embedded broker)")
+                    help="first run every kind of traffic measured (raw, share, kq) with N "
+                         "messages, unmeasured, and wait for the broker's JIT compilers to "
+                         "finish, so that no phase pays for the JVM's warm-up (default "
+                         "--messages on Apache Kafka, 0 on the embedded broker)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", type=Path, metavar="FILE",
                     help="sample kq serve with py-spy during the drain phase; write the "
@@ -329,9 +341,11 @@ def main() -> None:
         apache = a.broker == "apache" or bool(a.bootstrap)
         phases = set((a.phases or ("raw,share,kq,rss" if apache else "raw,kq,rss")).split(","))
         nan = {"msgs_per_s": float("nan"), "p50_ms": float("nan"), "p99_ms": float("nan")}
-        warmup = a.warmup if a.warmup is not None else 30_000 if apache else 0
+        warmup = a.warmup if a.warmup is not None else a.messages if apache else 0
+        warmed = None
         if warmup:  # a JVM compiles its hot paths over the first records: not measured
-            run_raw(bs, warmup, a.subscribers, a.rate, tmp)
+            from ops.bench_warmup import kinds_measured, warm_up
+            warmed = warm_up(kinds_measured(bs, warmup, phases, a, tmp), broker_pid(bs))
         raw = run_raw(bs, a.messages, a.subscribers, a.rate, tmp) if "raw" in phases else nan
         share = None
         if "share" in phases:
@@ -360,6 +374,8 @@ def main() -> None:
               "broker": "given" if a.bootstrap else a.broker,
               "raw": raw, "kq": kq,
               "ratio_kq_to_raw": kq["msgs_per_s"] / raw["msgs_per_s"], **rss}
+    if warmed is not None:
+        result["warmup"] = {"messages": warmup, **warmed}
     if share is not None:
         result["share"] = share
         result["ratio_kq_to_share"] = kq["msgs_per_s"] / share["msgs_per_s"]
@@ -373,4 +389,6 @@ def main() -> None:
     print_result(result, a)
 
 if __name__ == "__main__":
+    # the phases in other modules import this one: let them share its options (--service...)
+    sys.modules.setdefault("ops.bench", sys.modules[__name__])
     main()
