@@ -22,9 +22,15 @@ SOURCES = [
     "broker/engine",
     "broker/state",
     "broker/values.py",
+    "broker/packed.py",
     "broker/service/commands.py",
+    "broker/service/commit.py",
     "broker/service/envelopes.py",
     "broker/service/journal.py",
+    "broker/service/sending.py",
+    "broker/service/service.py",
+    "broker/client/core.py",
+    "broker/client/message.py",
 ]
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from broker.client.core import ClientCore, SubscriptionState  # noqa: E402
 from broker.config import parse_config  # noqa: E402
 from broker.engine import events as ev  # noqa: E402
+from broker.engine.transitions import Kind  # noqa: E402
 from broker.service.commit import Committer  # noqa: E402
 from broker.service.envelopes import Envelopes  # noqa: E402
 from broker.service.service import Service, _Batch  # noqa: E402
@@ -110,7 +111,8 @@ class _Inputs:
 
 
 def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
-    """A shard's service on RocksDB in `tmp`, without Kafka; and what it delivers, by sub."""
+    """A shard's service on RocksDB in `tmp`, without Kafka; and a record of what it
+    delivers, by subscription (filled by `_commit`)."""
     config = parse_config({
         "service": {"data_dir": str(tmp), "topic_prefix": "kq"},
         "queue": [{"name": "Q", "underlying_topic": "T",
@@ -122,15 +124,17 @@ def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
     svc._committer = Committer(_Kafka(), store, svc.engine, "kq.journal",  # type: ignore[arg-type]
                                next_batch=0)
     svc.inputs = _Inputs()  # type: ignore[assignment]
-    delivered: dict[str, list[tuple[str, int]]] = {}
-    deliver = svc._deliver
+    return svc, {}
 
-    def noting(d: Any, batch: Any) -> None:
-        delivered.setdefault(d.sub_id, []).append((str(d.bookmark), d.delivery_count))
-        deliver(d, batch)
 
-    svc._deliver = noting  # type: ignore[method-assign]
-    return svc, delivered
+def _commit(svc: Service, batch: _Batch, records: int,
+            delivered: dict[str, list[tuple[str, int]]]) -> None:
+    """Commit the batch; note what it leased, by subscription (from its journal: a compiled
+    Service's methods cannot be wrapped)."""
+    svc._commit(batch, records)
+    for t in batch.cp.transitions:
+        if t.kind == Kind.LEASED and t.sub_id is not None:
+            delivered.setdefault(t.sub_id, []).append((str(t.bookmark), t.delivery_count))
 
 
 def _batch(svc: Service) -> _Batch:
@@ -159,7 +163,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
                              mode="queue"):
             svc._command(_Record("kq.commands", out.value), None, now, batch)
     svc._run(ev.Tick(), now, batch)
-    svc._commit(batch, SUBSCRIBERS)
+    _commit(svc, batch, SUBSCRIBERS, delivered)
     svc._committer.flush_held()
 
     def drain() -> int:
@@ -178,7 +182,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
                 acked += len(done)
             if not commands:
                 raise SystemExit(f"nothing delivered after {acked} acks")
-            svc._commit(batch, commands)
+            _commit(svc, batch, commands, delivered)
         svc._committer.flush_held()
         return acked
     return drain

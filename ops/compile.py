@@ -3,8 +3,9 @@
 
     python ops/compile.py [--clean | --test]
 
-`--test` builds, runs the unit suite on the compiled modules (KQ_EXPECT_COMPILED=1: a test
-checks they really loaded), and removes the build again: `make test`'s compiled tier.
+`--test` builds, runs the unit suite and the clients' end-to-end tests (embedded broker) on
+the compiled modules (KQ_EXPECT_COMPILED=1: a test checks they really loaded), and removes the
+build again: `make test`'s compiled tier.
 
 Needs a C compiler and Python's headers. Where either is missing it says so and builds
 nothing (exit 0), unless KQ_REQUIRE_COMPILED=1 (CI) makes that a failure (exit 1).
@@ -72,10 +73,16 @@ def build() -> None:
     dist.run_command("build_ext")
 
 
+# The compiled tier: every unit test, and the clients and the service end to end (on the
+# embedded broker), where a compiled class meets the code that subclasses or wraps it
+COMPILED_TIER = ["tests/unit", "tests/integration/test_worker_api.py",
+                 "tests/integration/test_leases.py"]
+
+
 def test_compiled() -> int:
-    """The unit suite on the compiled modules."""
-    env = {**os.environ, "KQ_EXPECT_COMPILED": "1"}
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-n", "3", "tests/unit"],
+    """The compiled tier's tests on the compiled modules."""
+    env = {**os.environ, "KQ_EXPECT_COMPILED": "1", "KQ_TEST_BROKERS": "embedded"}
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-n", "3", *COMPILED_TIER],
                            cwd=ROOT, env=env)
 
 
@@ -85,7 +92,7 @@ def main() -> int:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--clean", action="store_true", help="remove the build")
     what.add_argument("--test", action="store_true",
-                      help="build, run the unit suite on the build, remove it")
+                      help="build, run the compiled tier's tests on the build, remove it")
     args = parser.parse_args()
     clean()
     if args.clean:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from broker import wire
 from broker.client.message import Message, unpack_deliveries
 from broker.errors import CommandError
@@ -51,6 +53,7 @@ class Outgoing:
     value: bytes
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the sync and async Subscriptions
 class SubscriptionState:
     """What the core knows of one subscription; the sync and async `Subscription`s add the
     waiting."""

@@ -7,10 +7,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from broker.formats import decode
 from broker.packed import split_blob, unpack_array, unpack_payload
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the async client's AsyncMessage
 @dataclass
 class Message:
     """One delivery of a message to a subscription.

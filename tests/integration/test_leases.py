@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from broker import wire
 from broker.client import CommandError
 from tests.integration.kit import (
     config,
@@ -118,14 +119,14 @@ def _mute_heartbeats(client):
     """Make the client's heartbeats vanish while the returned event is set (a worker
     starved of CPU, or cut off for a while)."""
     muted = threading.Event()
-    command = client.core.command
+    send = client._send
 
-    def command_unless_muted(kind, *args, **fields):
-        if kind == "heartbeat" and muted.is_set():
-            return client.core.take_acks()
-        return command(kind, *args, **fields)
+    def send_unless_muted(records):
+        if muted.is_set():  # (the core's own methods cannot be wrapped when it is compiled)
+            records = [r for r in records if wire.decode("command", r.value)["kind"] != "heartbeat"]
+        send(records)
 
-    client.core.command = command_unless_muted
+    client._send = send_unless_muted
     return muted
 
 
