@@ -43,6 +43,7 @@ from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_kafka import kafka_per_msg, stats_env  # noqa: E402
 from ops.bench_roles import percentile, publish  # noqa: E402
+from ops.bench_threads import cpu_by_thread, threads_per_msg  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
 
@@ -74,6 +75,8 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
     machine_before, broker_before = machine_cpu_seconds(), broker_cpu(bs)
+    broker = broker_pid(bs)
+    broker_threads = cpu_by_thread(broker)
     counted = {role: tmp / f"{run}-kafka-{role}" for role in ("service", "subscribers")}
     start = time.monotonic()
     workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i]),
@@ -83,6 +86,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     drain_s, end_wall = time.monotonic() - start, time.time()
     machine_s = machine_cpu_seconds() - machine_before
     broker_s = broker_cpu(bs) - broker_before
+    by_thread = {"broker": threads_per_msg(broker_threads, cpu_by_thread(broker), n)}
     zero = kafka_stats.totals([])
     kafka = kafka_per_msg({role: (zero, kafka_stats.read(d)) for role, d in counted.items()}, n)
     for w in workers:
@@ -105,7 +109,8 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, flo
     return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
-            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka}
+            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
+            "cpu_us_per_msg_by_thread": by_thread}
 
 
 def latency(lat: list[float]) -> dict[str, float]:
@@ -166,13 +171,6 @@ def start_service(cfg: Path, log: Path,
     return proc, time.monotonic() - started
 
 
-def query(bs: str, prefix: str, queue: str) -> dict:
-    from broker.client import QueueClient
-
-    with QueueClient(bs, name="bench-cli", topic_prefix=prefix) as c:
-        return next(r for r in c.query(what="queues")["queues"] if r["queue"] == queue)
-
-
 def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600) -> None:
     """Wait until the queue's `key` count reaches `value`, asking five times a second with one
     client: a new client for each question (Kafka connections, metadata) cost the machine
@@ -226,6 +224,8 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         spy = profiler(proc.pid, profile)
         cpu_before, machine_before = cpu_seconds(proc.pid), machine_cpu_seconds()
         broker_before = broker_cpu(bs)
+        pids = {"broker": broker_pid(bs), "service": proc.pid}
+        threads_before = {role: cpu_by_thread(pid) for role, pid in pids.items()}
         before = {role: kafka_stats.read(d) for role, d in counted.items()}
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog),
@@ -235,6 +235,8 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         cpu_s = cpu_seconds(proc.pid) - cpu_before
         machine_s = machine_cpu_seconds() - machine_before
         broker_s = broker_cpu(bs) - broker_before
+        by_thread = {role: threads_per_msg(threads_before[role], cpu_by_thread(pid), n)
+                     for role, pid in pids.items()}
         time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # the last reports of the drain
         kafka = kafka_per_msg({role: (before[role], kafka_stats.read(d))
                                for role, d in counted.items()}, n)
@@ -258,7 +260,8 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
-            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka}
+            "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
+            "cpu_us_per_msg_by_thread": by_thread}
 
 
 def wait_cpu(proc: subprocess.Popen[bytes]) -> float:

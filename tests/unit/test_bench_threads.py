@@ -1,0 +1,59 @@
+"""ops/bench_threads.py: a process's CPU by thread group, from /proc's thread names (a
+thread of this process is renamed to play a JVM compiler thread)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from ops.bench_threads import cpu_by_thread, group_of, threads_per_msg  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+
+
+@pytest.mark.parametrize(("name", "python", "group"), [
+    ("C2 CompilerThre", False, "jit"), ("C1 CompilerThre", False, "jit"),
+    ("data-plane-kafk", False, "requests"), ("GC Thread#0", False, "gc"),
+    ("G1 Refine#0", False, "gc"), ("VM Thread", False, "other"),
+    ("rdk:broker1", True, "librdkafka"), ("rdk:main", True, "librdkafka"),
+    ("rocksdb:low", True, "rocksdb"), ("python", True, "python")])
+def test_threads_are_grouped_by_name(name: str, python: bool, group: str) -> None:
+    assert group_of(name, python) == group
+
+
+def test_a_threads_cpu_is_counted_in_its_group() -> None:
+    burnt, done = threading.Event(), threading.Event()
+
+    def compiler() -> None:
+        Path(f"/proc/self/task/{threading.get_native_id()}/comm").write_text("C2 CompilerThre")
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            sum(range(1000))
+        burnt.set()
+        done.wait(10)
+
+    before = cpu_by_thread(os.getpid())
+    worker = threading.Thread(target=compiler)
+    worker.start()
+    try:
+        assert burnt.wait(30)
+        after = cpu_by_thread(os.getpid())
+    finally:
+        done.set()
+        worker.join()
+    assert after["jit"] - before.get("jit", 0.0) >= 0.2
+    assert "python" in after  # this test's own thread
+    per_msg = threads_per_msg(before, after, 1000)
+    assert per_msg["jit"] >= 200  # µs per message, 0.2 s over 1,000 messages
+
+
+def test_a_gone_or_unknown_process_has_no_threads() -> None:
+    assert cpu_by_thread(None) == {}
+    assert cpu_by_thread(2**22 + 12345) == {}
