@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # as /proc shows HotSpot's names
+from ops.bench_threads import cpu_by_thread
+
 QUIET_CPU_S = 0.05  # compiler CPU in a second below which the JIT counts as done
 QUIET_WAIT_S = 120.0  # give up waiting for that after this long
 
@@ -54,22 +55,7 @@ def warm_up(kinds: list[tuple[str, Callable[[], object]]], broker_pid: int | Non
 
 def compiler_cpu_s(pid: int) -> float:
     """CPU seconds the JVM's JIT compiler threads have used so far (0 if it is gone)."""
-    import os
-
-    total = 0
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return 0.0
-    for task in tasks:
-        try:
-            if not (task / "comm").read_text().startswith(COMPILER_THREADS):
-                continue
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
+    return cpu_by_thread(pid).get("jit", 0.0)
 
 
 def wait_compilers_quiet(pid: int,
