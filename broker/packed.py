@@ -43,18 +43,24 @@ def unpack_payload(data: bytes | memoryview) -> tuple[bytes | None, bytes | None
     """(key, value, headers, timestamp_ms) of a packed payload."""
     _, ts, klen, vlen, count = _HEAD.unpack_from(data)
     pos = _HEAD.size
-    key = bytes(data[pos:pos + klen]) if klen >= 0 else None
-    pos += max(klen, 0)
-    value = bytes(data[pos:pos + vlen]) if vlen >= 0 else None
-    pos += max(vlen, 0)
+    key = value = None
+    if klen >= 0:
+        key = bytes(data[pos:pos + klen])
+        pos += klen
+    if vlen >= 0:
+        value = bytes(data[pos:pos + vlen])
+        pos += vlen
     headers: Headers = []
     for _ in range(count):
         nlen, hlen = _HEADER.unpack_from(data, pos)
         pos += _HEADER.size
         name = bytes(data[pos:pos + nlen]).decode()
         pos += nlen
-        headers.append((name, bytes(data[pos:pos + hlen]) if hlen >= 0 else None))
-        pos += max(hlen, 0)
+        header = None
+        if hlen >= 0:
+            header = bytes(data[pos:pos + hlen])
+            pos += hlen
+        headers.append((name, header))
     return key, value, headers, ts
 
 

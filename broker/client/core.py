@@ -27,7 +27,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from broker import wire
-from broker.client.message import Message, unpack_deliveries
+from broker.client.message import Delivery, Message, unpack_deliveries
 from broker.errors import CommandError
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE, Duration
@@ -252,8 +252,11 @@ class ClientCore:
                           unpack_deliveries(env["batch"]))
             return
         if env["kind"] == "message":  # one message per record, as older services send
-            env["headers"] = [(h["key"], h["value"]) for h in env["headers"]]
-            self._deliver(env["sub_id"], env["queue"], env["format"], [env])
+            headers = [(h["key"], h["value"]) for h in env["headers"]]
+            self._deliver(env["sub_id"], env["queue"], env["format"], [(
+                env["bookmark"], env["delivery_count"], env["lease_deadline_ms"],
+                env["is_barrier"], env["seq"], env["key"], env["value"], headers,
+                env["timestamp_ms"])])
             return
         rid = env["request_id"]
         if rid == NOTICE and env["kind"] == "reply":
@@ -317,7 +320,7 @@ class ClientCore:
                 self._replies[rid] = (None, whole)
 
     def _deliver(self, sub_id: str, queue: str, fmt: str,
-                 deliveries: Iterable[dict[str, Any]]) -> None:
+                 deliveries: Iterable[Delivery]) -> None:
         """Hand one envelope's deliveries to their subscription."""
         sub = self.subs.get(sub_id)
         if sub is None:  # a delivery for a subscription of an earlier life of this name
@@ -325,22 +328,21 @@ class ClientCore:
         make, owner, browsed, schema = self.message, self.owner, sub.mode == "browse", sub.schema
         received, fresh = self._received, []
         with self._lock:
-            for d in deliveries:
+            for bookmark, count, deadline, barrier, seq, key, value, headers, ts in deliveries:
                 # After a crash the service sends its last leases again, not knowing whether
                 # they went out: a copy of one already received (same message, same delivery
                 # count) is dropped. The queue's arrival number tells a bookmark enqueued
                 # again apart.
-                key = (sub_id, d["bookmark"], d["seq"], d["delivery_count"])
-                if key in received:
+                seen = (sub_id, bookmark, seq, count)
+                if seen in received:
                     continue
-                received[key] = None
-                deadline = d["lease_deadline_ms"]
+                received[seen] = None
                 fresh.append(make(
-                    queue=queue, bookmark=d["bookmark"], value=d["value"], key=d["key"],
-                    headers=d["headers"], delivery_count=d["delivery_count"],
+                    queue=queue, bookmark=bookmark, value=value, key=key, headers=headers,
+                    delivery_count=count,
                     lease_deadline=None if deadline is None else deadline / 1000,
-                    is_barrier=d["is_barrier"], timestamp=d["timestamp_ms"] / 1000,
-                    _client=owner, browsed=browsed, _format=fmt, _schema=schema))
+                    is_barrier=barrier, timestamp=ts / 1000, _client=owner, browsed=browsed,
+                    _format=fmt, _schema=schema))
             while len(received) > RECEIVED_KEPT:
                 received.popitem(last=False)
         if fresh:

@@ -10,7 +10,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from broker.formats import decode
-from broker.packed import split_blob, unpack_array, unpack_payload
+from broker.packed import Headers, split_blob, unpack_array, unpack_payload
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the async client's AsyncMessage
@@ -82,7 +82,13 @@ class Message:
         return deadline
 
 
-def unpack_deliveries(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+# One delivery as `unpack_deliveries` yields it: a plain tuple, one made per message (cheaper
+# to build and to read than a dict): (bookmark, delivery_count, lease_deadline_ms or None,
+# is_barrier, seq, key, value, headers, timestamp_ms)
+Delivery = tuple[str, int, int | None, bool, int, bytes | None, bytes | None, Headers, int]
+
+
+def unpack_deliveries(batch: dict[str, Any]) -> Iterator[Delivery]:
     """The deliveries of a `messages` envelope's packed columns (broker/service/envelopes.py)."""
     payloads = split_blob(batch["payloads"], unpack_array("i", batch["payload_sizes"]))
     for bookmark, dc, deadline, seq, barrier, payload in zip(
@@ -90,9 +96,7 @@ def unpack_deliveries(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
             unpack_array("q", batch["lease_deadlines"]), unpack_array("q", batch["seqs"]),
             batch["barriers"], payloads, strict=True):
         key, value, headers, ts = unpack_payload(payload)
-        yield {"bookmark": bookmark, "delivery_count": dc, "lease_deadline_ms": deadline or None,
-               "is_barrier": bool(barrier), "seq": seq, "key": key, "value": value,
-               "headers": headers, "timestamp_ms": ts}
+        yield bookmark, dc, deadline or None, bool(barrier), seq, key, value, headers, ts
 
 
 def decode_data(fmt: str, value: bytes | None, schema: str | None) -> Any:

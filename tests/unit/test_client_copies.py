@@ -6,10 +6,9 @@ import functools
 from broker.client.core import ClientCore, SubscriptionState
 
 
-def delivery(seq: int, delivery_count: int = 1) -> dict:
-    return {"bookmark": "T/0/7", "seq": seq, "delivery_count": delivery_count,
-            "lease_deadline_ms": None, "is_barrier": False, "key": None, "value": b"{}",
-            "headers": [], "timestamp_ms": 0}
+def delivery(seq: int, delivery_count: int = 1) -> tuple:
+    # as unpack_deliveries yields it (broker.client.message.Delivery)
+    return ("T/0/7", delivery_count, None, False, seq, None, b"{}", [], 0)
 
 
 def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
@@ -23,3 +22,22 @@ def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
     # bookmark enqueued again (a reset): new
     assert [(m.bookmark, m.delivery_count) for m in sub.buffer] == [
         ("T/0/7", 1), ("T/0/7", 2), ("T/0/7", 1)]
+
+
+def test_an_envelope_of_one_message_as_older_services_send_is_delivered():
+    from broker import wire
+
+    core = ClientCore("c", "c")
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    core.receive(wire.encode("envelope", {
+        "kind": "message", "request_id": "", "sub_id": "s1", "queue": "Q",
+        "bookmark": "T/0/7", "delivery_count": 2, "lease_deadline_ms": 1_700_000_030_000,
+        "is_barrier": False, "format": "json", "key": b"k", "value": b'{"n": 1}',
+        "headers": [{"key": "h", "value": b"x"}], "timestamp_ms": 1_700_000_000_000,
+        "body": None, "error": None, "seq": 5, "batch": None}))
+    (m,) = sub.buffer
+    assert (m.bookmark, m.delivery_count, m.key, m.data, m.headers) == (
+        "T/0/7", 2, b"k", {"n": 1}, [("h", b"x")])
+    assert (m.lease_deadline, m.timestamp, m.is_barrier) == (1_700_000_030.0, 1_700_000_000.0,
+                                                             False)

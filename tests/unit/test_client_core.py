@@ -19,10 +19,9 @@ def _core() -> tuple[ClientCore, SubscriptionState]:
     return core, sub
 
 
-def _delivery(offset: int, count: int) -> dict:
-    return {"bookmark": f"T/0/{offset}", "seq": offset, "delivery_count": count,
-            "lease_deadline_ms": None, "is_barrier": False, "key": None, "value": b"{}",
-            "headers": [], "timestamp_ms": 0}
+def _delivery(offset: int, count: int) -> tuple:
+    # (bookmark, delivery_count, lease_deadline_ms, is_barrier, seq, key, value, headers, ts)
+    return (f"T/0/{offset}", count, None, False, offset, None, b"{}", [], 0)
 
 
 @given(deliveries)

@@ -77,9 +77,9 @@ def deliveries_in(records):
     for r in records:
         env = wire.decode("envelope", r.value)
         assert env["kind"] == "messages"
-        out.append([(env["sub_id"], d["bookmark"], d["delivery_count"], d["lease_deadline_ms"],
-                     d["seq"], d["is_barrier"], d["value"], d["headers"])
-                    for d in unpack_deliveries(env["batch"])])
+        out.append([(env["sub_id"], bookmark, count, deadline, seq, barrier, value, headers)
+                    for bookmark, count, deadline, barrier, seq, _key, value, headers, _ts
+                    in unpack_deliveries(env["batch"])])
     return out
 
 
