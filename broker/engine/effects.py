@@ -21,6 +21,11 @@ class Journal:
     transition: Transition
     message: Message | None = None
 
+    # Written out, as the hot ones are (see Transition): three are built per message.
+    def __init__(self, transition: Transition, message: Message | None = None) -> None:
+        object.__setattr__(self, "transition", transition)
+        object.__setattr__(self, "message", message)
+
 
 @dataclass(frozen=True, slots=True)
 class Deliver:
@@ -32,6 +37,19 @@ class Deliver:
     lease_deadline_ms: int | None
     is_barrier: bool = False
     seq: int = -1  # the message's arrival in the queue: tells a re-enqueued bookmark apart
+
+    # written out, one built per delivery: see Journal
+    def __init__(self, client: str, sub_id: str, queue: str, bookmark: Bookmark,
+                 delivery_count: int, lease_deadline_ms: int | None, is_barrier: bool = False,
+                 seq: int = -1) -> None:
+        object.__setattr__(self, "client", client)
+        object.__setattr__(self, "sub_id", sub_id)
+        object.__setattr__(self, "queue", queue)
+        object.__setattr__(self, "bookmark", bookmark)
+        object.__setattr__(self, "delivery_count", delivery_count)
+        object.__setattr__(self, "lease_deadline_ms", lease_deadline_ms)
+        object.__setattr__(self, "is_barrier", is_barrier)
+        object.__setattr__(self, "seq", seq)
 
 
 @dataclass(frozen=True, slots=True)
