@@ -29,6 +29,7 @@ from mypy_extensions import mypyc_attr
 from broker import wire
 from broker.client.message import Delivery, Message, unpack_deliveries
 from broker.errors import CommandError
+from broker.packed import pack_array
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE, Duration
 
@@ -155,7 +156,7 @@ class ClientCore:
             "sub_id": None, "max_backlog": None, "filter": None, "mode": None, "bookmarks": [],
             "query": None, "principal": self.principal, "replay_period_ms": None,
             "delay_ms": None, "delivery_counts": [], "period_ms": None,
-            "sent_ms": int(time.time() * 1000)}
+            "packed_bookmarks": "", "packed_counts": None, "sent_ms": int(time.time() * 1000)}
         record.update(fields)
         if shard is None:
             sub = self.subs.get(record["sub_id"] or "")
@@ -204,9 +205,12 @@ class ClientCore:
         out = []
         for queue, acks in batches.items():
             for start in range(0, len(acks), ACK_BATCH):
+                # packed (one string, one buffer), not arrays of them: Avro reads and writes
+                # an array item by item, about a microsecond each
                 part = acks[start:start + ACK_BATCH]
-                out += self.command("ack", queue=queue, bookmarks=[b for b, _ in part],
-                                    delivery_counts=[n for _, n in part])
+                out += self.command("ack", queue=queue,
+                                    packed_bookmarks="\n".join([b for b, _ in part]),
+                                    packed_counts=pack_array("i", [n for _, n in part]))
         return out
 
     def settle(self, kind: str, msg: Message, request_id: str = "",

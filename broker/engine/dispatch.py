@@ -309,10 +309,10 @@ class Dispatcher(EnginePart):
         if expires is not None and expires <= now:
             self._remove(q, msg, now, Reason.EXPIRED)
             return
-        at_most_once = q.config.at_most_once
+        at_most_once = q.at_most_once
         q.rr_last = sub.sub_id
         dc = msg.delivery_count + 1
-        deadline = now + q.config.lease_period.ms
+        deadline = now + q.lease_ms
         kind = Kind.SENT if at_most_once else Kind.LEASED
         self._do(Transition(kind, q.name, now, msg.bookmark, sub_id=sub.sub_id,
                             client=sub.client, delivery_count=dc, deadline_ms=deadline))

@@ -38,6 +38,9 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
+        # read per message: kept here, not looked up through the (interpreted) config
+        self.at_most_once = config.at_most_once
+        self.lease_ms = config.lease_period.ms
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
         self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)
@@ -151,7 +154,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         # at-least-once queues hold only available and leased messages; at-most-once ones
         # only available and sent (which have left the queue)
         waiting = len(self.available) + len(self.held)
-        return 0 if self.config.at_most_once else len(self.messages) - waiting
+        return 0 if self.at_most_once else len(self.messages) - waiting
 
     @property
     def full(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from broker import wire
 from broker.config import Config
 from broker.engine import events as ev
+from broker.packed import unpack_array
 from broker.values import CLIENT_NAME, Bookmark
 
 
@@ -74,8 +75,12 @@ def decode_command(value: bytes | None,
 def _events(c: dict[str, Any], client: str, rid: str, kind: str,
             who: str | None) -> list[ev.Event | Query | Invalid]:
     queue = c["queue"] or ""
-    bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
-    counts = tuple(c["delivery_counts"]) or (0,) * len(bookmarks)
+    if c["packed_bookmarks"]:  # (clients since schema 4 send their batched acks so)
+        bookmarks = tuple(Bookmark.parse(b) for b in c["packed_bookmarks"].split("\n"))
+        counts = tuple(unpack_array("i", c["packed_counts"] or b""))
+    else:
+        bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])
+        counts = tuple(c["delivery_counts"]) or (0,) * len(bookmarks)
     if len(counts) != len(bookmarks):
         return [Invalid(client, rid, f"{len(counts)} delivery counts for {len(bookmarks)} "
                                      "bookmarks")]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections import Counter as Counter_
 from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from broker.engine.engine import Engine
-from broker.engine.transitions import Kind, Transition
+from broker.engine.transitions import Kind, Transition, tally
 
 
 class Metrics:
@@ -79,11 +78,10 @@ class Metrics:
         if port:
             start_http_server(port, registry=self.registry)
 
-    def observe(self, engine: Engine, transitions: Iterable[Transition],
-                records_in: int) -> None:
-        counts = Counter_((t.queue, t.kind, t.reason) for t in transitions)
+    def observe(self, engine: Engine, transitions: list[Transition], records_in: int) -> None:
+        counts = tally(transitions)
         for (queue, kind, reason), n in counts.items():
-            self.transitions.labels(queue, kind.value, reason or "").inc(n)
+            self.transitions.labels(queue, kind.value, reason).inc(n)
         touched = {queue for queue, kind, _ in counts if kind is not Kind.SUBSCRIBED}
         self.records_in.inc(records_in)
         for name in touched:

@@ -100,6 +100,7 @@ class Service:
                              auth=dict(config.auth) or None,
                              doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
+        self._deliver_topic = functools.lru_cache(4096)(self.topics.deliver)  # named once
         self._store = store
         # command topic -> who sent what is on it. Without [auth] nobody needs to be known
         # (None). With it, each principal has its own topic and the shared one vouches for
@@ -277,8 +278,7 @@ class Service:
         """State snapshots, taken between batches: the state is exactly that of the last
         journaled batch, whose number the answer carries, so an audit can rebuild the same
         state from the journal however busy the service is."""
-        replies = _Batch()
-        last = self._committer.next_batch - 1
+        replies, last = _Batch(), self._committer.next_batch - 1
         for q in queries:
             for body in snapshot(self.engine, last, self.shard):
                 self._reply(replies, q.client, q.request_id, body=body)
@@ -338,7 +338,7 @@ class Service:
             match effect:
                 case Journal(transition=t, message=msg):
                     batch.cp.add(t, msg)
-                    if t.reason == Reason.TOO_LARGE.value:
+                    if t.reason and t.reason == Reason.TOO_LARGE.value:  # (most have none)
                         say_too_large(self.engine, t.queue, t.bookmark)
                 case Deliver():
                     self._deliver(effect, batch)
@@ -375,7 +375,7 @@ class Service:
         packed = self._packed(d.bookmark, batch, d.queue)
         if batch.envelopes is None:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
-        batch.envelopes.add(self.topics.deliver(d.client), d.sub_id, d.queue,
+        batch.envelopes.add(self._deliver_topic(d.client), d.sub_id, d.queue,
                             self.engine.queues[d.queue].config.format, str(d.bookmark),
                             d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq,
                             packed)

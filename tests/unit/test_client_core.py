@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from broker import wire
 from broker.client.core import ACK_BATCH, ClientCore, SubscriptionState
 from broker.client.message import Message
+from broker.packed import unpack_array
 
 deliveries = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3)), max_size=60)
 
@@ -44,9 +45,8 @@ def test_every_ack_goes_out_once_with_its_delivery_count(acks, takes_at):
         if core.ack(msg) or i in takes_at:
             sent += [wire.decode("command", o.value) for o in core.take_acks()]
     sent += [wire.decode("command", o.value) for o in core.take_acks()]
-    assert all(c["type"] == "ack" and len(c["bookmarks"]) <= ACK_BATCH for c in sent)
-    out = [(c["queue"], b, n) for c in sent
-           for b, n in zip(c["bookmarks"], c["delivery_counts"], strict=True)]
+    assert all(c["type"] == "ack" and len(acked(c)) <= ACK_BATCH for c in sent)
+    out = [(c["queue"], b, n) for c in sent for b, n in acked(c)]
     assert sorted(out) == sorted((q, f"T/0/{o}", n) for q, o, n in acks)
     for queue in ("Q", "R"):  # each queue's acks keep their order
         assert [x for x in out if x[0] == queue] == [
@@ -70,5 +70,13 @@ def test_a_command_after_acks_carries_them_first():
     core, _ = _core()
     core.ack(Message("Q", "T/0/1", None, None, [], 2, None, False, 0, None))
     out = [wire.decode("command", o.value) for o in core.command("close", shard=0)]
-    assert [(c["type"], c["bookmarks"], c["delivery_counts"]) for c in out] == [
-        ("ack", ["T/0/1"], [2]), ("close", [], [])]
+    assert [(c["type"], acked(c)) for c in out] == [("ack", [("T/0/1", 2)]), ("close", [])]
+
+
+def acked(command: dict) -> list[tuple[str, int]]:
+    """The (bookmark, delivery count) pairs a command answers: batched acks come packed."""
+    if command["packed_bookmarks"]:
+        assert not command["bookmarks"]
+        return list(zip(command["packed_bookmarks"].split("\n"),
+                        unpack_array("i", command["packed_counts"]), strict=True))
+    return list(zip(command["bookmarks"], command["delivery_counts"], strict=True))

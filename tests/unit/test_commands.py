@@ -1,0 +1,54 @@
+"""Ack commands as the service reads them: packed by clients since command schema 4, as
+arrays by older clients; both mean the same acks, and a malformed one is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import wire
+from broker.client.core import ClientCore
+from broker.client.message import Message
+from broker.engine import events as ev
+from broker.packed import pack_array
+from broker.service.commands import Invalid, decode_command
+from broker.values import Bookmark
+
+BOOKMARKS = ["T/0/7", "T/1/3", "my.topic-x/2/1000000000000"]
+COUNTS = [1, 2, 1]
+EXPECTED = ev.Acked("w", "Q", tuple(Bookmark.parse(b) for b in BOOKMARKS), "", None,
+                    tuple(COUNTS))
+
+
+def _command(**fields: object) -> bytes:
+    return wire.encode("command", {"type": "ack", "client": "w", "request_id": "",
+                                   "queue": "Q", **fields})
+
+
+def test_a_clients_batched_acks_reach_the_service_as_they_were_acked():
+    core = ClientCore("w", "")
+    for bm, n in zip(BOOKMARKS, COUNTS, strict=True):
+        core.ack(Message("Q", bm, None, None, [], n, None, False, 0, None))
+    (record,) = core.take_acks()
+    assert decode_command(record.value) == [EXPECTED]
+    assert not wire.decode("command", record.value)["bookmarks"]  # sent packed
+
+
+def test_acks_of_a_client_before_packing_mean_the_same():
+    old = _command(bookmarks=BOOKMARKS, delivery_counts=COUNTS)
+    assert decode_command(old) == [EXPECTED]
+
+
+@pytest.mark.parametrize(("counts", "why"), [
+    (pack_array("i", [1, 2]), "2 delivery counts for 3 bookmarks"),
+    (b"\x01\x00\x00", "bad ack command"),  # not a whole number of int32
+])
+def test_packed_acks_whose_counts_do_not_fit_are_refused(counts, why):
+    (out,) = decode_command(_command(packed_bookmarks="\n".join(BOOKMARKS),
+                                     packed_counts=counts))
+    assert isinstance(out, Invalid) and why in out.message and out.client == "w"
+
+
+def test_a_packed_bookmark_that_is_not_one_is_refused():
+    (out,) = decode_command(_command(packed_bookmarks="T/0/1\nnot-a-bookmark",
+                                     packed_counts=pack_array("i", [1, 1])))
+    assert isinstance(out, Invalid) and "bad ack command" in out.message
