@@ -175,8 +175,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
                 done, delivered[f"s{i}"] = held[:backlog // 2], held[backlog // 2:]
                 if not done:
                     continue
-                for out in w.command("ack", queue="Q", bookmarks=[b for b, _ in done],
-                                     delivery_counts=[n for _, n in done]):
+                for out in w.ack_command("Q", done):
                     svc._command(_Record("kq.commands", out.value), None, now, batch)
                     commands += 1
                 acked += len(done)

@@ -205,13 +205,14 @@ class ClientCore:
         out = []
         for queue, acks in batches.items():
             for start in range(0, len(acks), ACK_BATCH):
-                # packed (one string, one buffer), not arrays of them: Avro reads and writes
-                # an array item by item, about a microsecond each
-                part = acks[start:start + ACK_BATCH]
-                out += self.command("ack", queue=queue,
-                                    packed_bookmarks="\n".join([b for b, _ in part]),
-                                    packed_counts=pack_array("i", [n for _, n in part]))
+                out += self.ack_command(queue, acks[start:start + ACK_BATCH])
         return out
+
+    def ack_command(self, queue: str, acks: list[tuple[str, int]]) -> list[Outgoing]:
+        """One command acking (bookmark, delivery count) pairs, packed into one string and
+        one buffer, not arrays: Avro reads and writes an array item by item."""
+        return self.command("ack", queue=queue, packed_bookmarks="\n".join([b for b, _ in acks]),
+                            packed_counts=pack_array("i", [n for _, n in acks]))
 
     def settle(self, kind: str, msg: Message, request_id: str = "",
                **fields: Any) -> list[Outgoing]:
