@@ -115,7 +115,11 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     n = len(rows)
     table: dict[str, int] = {}
     out: dict[str, Any] = {"count": n}
-    columns = zip(*map(_ROW, rows), strict=True) if n else iter([()] * len(COLUMNS))
+    columns: Any
+    if all(isinstance(r, Transition) for r in rows):
+        columns = _transition_columns(rows)
+    else:
+        columns = zip(*map(_ROW, rows), strict=True) if n else iter([()] * len(COLUMNS))
     for (name, kind), values in zip(COLUMNS, columns, strict=True):
         empty = values.count(None) == n  # most columns are, for most kinds of transition
         if kind == "str":
@@ -133,6 +137,20 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
             out[name] = pack_array(_CODE[kind], values)
     out["strings"] = list(table)
     return out
+
+
+def _transition_columns(rows: Sequence[Transition]) -> list[list[Any]]:
+    """The columns of COLUMNS, in its order, read from Transitions: compiled, each field is
+    read directly, where `_ROW` looks each one up by name."""
+    return [
+        [t.kind for t in rows], [t.queue for t in rows], [t.at_ms for t in rows],
+        [t.bookmark for t in rows], [t.sub_id for t in rows], [t.client for t in rows],
+        [t.delivery_count for t in rows], [t.cancel_count for t in rows],
+        [t.deadline_ms for t in rows], [t.reason for t in rows], [t.seq for t in rows],
+        [t.timestamp_ms for t in rows], [t.max_backlog for t in rows],
+        [t.filter for t in rows], [t.priority for t in rows], [t.barrier for t in rows],
+        [t.browse for t in rows], [t.principal for t in rows], [t.not_before_ms for t in rows],
+        [t.size for t in rows], [t.sort_text for t in rows], [t.group for t in rows]]
 
 
 def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:

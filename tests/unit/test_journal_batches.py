@@ -101,3 +101,15 @@ def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null
     back = transitions_in(wire.decode("journal", buf.getvalue()))
     assert [(t.not_before_ms, t.size, t.sort_text) for t in back] == [(None, None, None)] * len(ts)
     assert [t.seq for t in back] == [t.seq for t in ts]
+
+
+def test_transitions_and_other_objects_with_their_fields_pack_alike():
+    """Transitions are read field by field (compiled: directly); any other object with the
+    same attributes (the pipeline's benchmark writes such) by name: the same columns."""
+    from types import SimpleNamespace
+
+    from broker.service.journal import COLUMNS, encode_columns
+
+    ts = sample_transitions()
+    alike = [SimpleNamespace(**{name: getattr(t, name) for name, _ in COLUMNS}) for t in ts]
+    assert encode_columns(ts) == encode_columns(alike)
