@@ -52,3 +52,22 @@ def test_a_packed_bookmark_that_is_not_one_is_refused():
     (out,) = decode_command(_command(packed_bookmarks="T/0/1\nnot-a-bookmark",
                                      packed_counts=pack_array("i", [1, 1])))
     assert isinstance(out, Invalid) and "bad ack command" in out.message
+
+
+def test_acks_written_with_the_command_schema_before_packing_are_read():
+    """What a client of command schema 3 sends: its schema's fingerprint, arrays."""
+    import io
+    import json
+
+    import fastavro
+
+    old = fastavro.parse_schema(json.loads(
+        (wire._schema_dir() / "history" / "command.3.avsc").read_text()))
+    buf = io.BytesIO()
+    buf.write(wire.MARKER + wire._fingerprint_of(old))
+    fastavro.schemaless_writer(buf, old, {
+        "type": "ack", "client": "w", "request_id": "", "queue": "Q", "sub_id": None,
+        "max_backlog": None, "filter": None, "mode": None, "bookmarks": BOOKMARKS,
+        "query": None, "principal": None, "replay_period_ms": None, "delay_ms": None,
+        "delivery_counts": COUNTS, "period_ms": None, "sent_ms": 0})
+    assert decode_command(buf.getvalue()) == [EXPECTED]
