@@ -38,8 +38,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
-        # read per message: kept here, not looked up through the (interpreted) config
-        self.at_most_once = config.at_most_once
+        self.at_most_once = config.at_most_once  # read per message: not through the config
         self.lease_ms = config.lease_period.ms
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
