@@ -26,13 +26,13 @@ from ops.bench_roles import percentile, publish
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _config(tmp: Path, bs: str, prefix: str, queues: list[str]) -> Path:
+def _config(tmp: Path, bs: str, prefix: str, queues: list[str], backlog: int) -> Path:
     cfg = tmp / f"{prefix}.toml"
     lines = ["[service]", f'bootstrap_servers = "{bs}"', f'topic_prefix = "{prefix}"',
              "metrics_port = 0", f"shards = {len(queues)}", 'session_timeout = "6s"']
     for i, q in enumerate(queues):
         lines += ["[[queue]]", f'name = "{q}"', f"shard = {i}", 'lease_period = "1h"',
-                  "max_per_subscription_backlog = 100"]
+                  f"max_per_subscription_backlog = {max(backlog, 100)}"]
     cfg.write_text("\n".join(lines) + "\n")
     return cfg
 
@@ -99,7 +99,7 @@ def run_instances(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: i
     clients.ensure_topics(clients.admin(bs), queues)
     n -= n % instances
     _publish_all(bs, queues, n)
-    cfg = _config(tmp, bs, prefix, queues)
+    cfg = _config(tmp, bs, prefix, queues, backlog)
     procs = []
     for i in range(instances):
         log = open(tmp / f"{prefix}-{i}.log", "ab")  # noqa: SIM115
