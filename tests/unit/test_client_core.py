@@ -80,3 +80,21 @@ def acked(command: dict) -> list[tuple[str, int]]:
         return list(zip(command["packed_bookmarks"].split("\n"),
                         unpack_array("i", command["packed_counts"]), strict=True))
     return list(zip(command["bookmarks"], command["delivery_counts"], strict=True))
+
+
+def test_a_delivery_becomes_a_message_with_every_field_it_carried():
+    core = ClientCore("c", "c", owner="the client")
+    browser = SubscriptionState("Q", "b1", "browse", {})
+    core.add(browser)
+    headers = [("h", b"1")]
+    core._deliver("b1", "Q", "json", [
+        ("T/0/7", 3, 1_500, True, 7, b"k", b'{"a": 1}', headers, 2_500)])
+    msg = browser.buffer.popleft()
+    assert (msg.queue, msg.bookmark, msg.key, msg.value, msg.headers) == (
+        "Q", "T/0/7", b"k", b'{"a": 1}', headers)
+    assert (msg.delivery_count, msg.lease_deadline, msg.is_barrier, msg.timestamp) == (
+        3, 1.5, True, 2.5)
+    assert msg.browsed and not msg.answered and msg._client == "the client"
+    assert msg.data == {"a": 1}  # read with the queue's format
+    core._deliver("b1", "Q", "json", [("T/0/8", 1, None, False, 8, None, b"x", [], 0)])
+    assert browser.buffer.popleft().lease_deadline is None  # at-most-once: no lease
