@@ -39,26 +39,27 @@ def pack_payload(key: bytes | None, value: bytes | None, headers: Headers,
     return b"".join(parts)
 
 
-def unpack_payload(data: bytes | memoryview) -> tuple[bytes | None, bytes | None, Headers, int]:
-    """(key, value, headers, timestamp_ms) of a packed payload."""
-    _, ts, klen, vlen, count = _HEAD.unpack_from(data)
-    pos = _HEAD.size
+def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | None, Headers, int]:
+    """(key, value, headers, timestamp_ms) of the packed payload at `start` of `data` (a
+    delivery envelope's blob holds many: read in place, each part sliced once)."""
+    _, ts, klen, vlen, count = _HEAD.unpack_from(data, start)
+    pos = start + _HEAD.size
     key = value = None
     if klen >= 0:
-        key = bytes(data[pos:pos + klen])
+        key = data[pos:pos + klen]
         pos += klen
     if vlen >= 0:
-        value = bytes(data[pos:pos + vlen])
+        value = data[pos:pos + vlen]
         pos += vlen
     headers: Headers = []
     for _ in range(count):
         nlen, hlen = _HEADER.unpack_from(data, pos)
         pos += _HEADER.size
-        name = bytes(data[pos:pos + nlen]).decode()
+        name = data[pos:pos + nlen].decode()
         pos += nlen
         header = None
         if hlen >= 0:
-            header = bytes(data[pos:pos + hlen])
+            header = data[pos:pos + hlen]
             pos += hlen
         headers.append((name, header))
     return key, value, headers, ts
@@ -125,8 +126,6 @@ def unpack_array(code: str, raw: bytes) -> array[Any]:
     return a
 
 
-def split_blob(blob: bytes, sizes: Iterable[int]) -> list[memoryview]:
-    """The pieces of `blob` of these sizes, in order (views, not copies)."""
-    view = memoryview(blob)
-    ends = list(accumulate(sizes))
-    return [view[start:end] for start, end in zip([0, *ends], ends, strict=False)]
+def starts(sizes: Iterable[int]) -> list[int]:
+    """Where each of consecutive pieces of these sizes starts in their blob."""
+    return [0, *accumulate(sizes)][:-1]

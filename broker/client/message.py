@@ -10,7 +10,7 @@ from typing import Any
 from mypy_extensions import mypyc_attr
 
 from broker.formats import decode
-from broker.packed import Headers, split_blob, unpack_array, unpack_payload
+from broker.packed import Headers, starts, unpack_array, unpack_payload
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the async client's AsyncMessage
@@ -105,12 +105,12 @@ Delivery = tuple[str, int, int | None, bool, int, bytes | None, bytes | None, He
 
 def unpack_deliveries(batch: dict[str, Any]) -> Iterator[Delivery]:
     """The deliveries of a `messages` envelope's packed columns (broker/service/envelopes.py)."""
-    payloads = split_blob(batch["payloads"], unpack_array("i", batch["payload_sizes"]))
-    for bookmark, dc, deadline, seq, barrier, payload in zip(
+    blob: bytes = batch["payloads"]
+    for bookmark, dc, deadline, seq, barrier, start in zip(
             batch["bookmarks"].split("\n"), unpack_array("i", batch["delivery_counts"]),
             unpack_array("q", batch["lease_deadlines"]), unpack_array("q", batch["seqs"]),
-            batch["barriers"], payloads, strict=True):
-        key, value, headers, ts = unpack_payload(payload)
+            batch["barriers"], starts(unpack_array("i", batch["payload_sizes"])), strict=True):
+        key, value, headers, ts = unpack_payload(blob, start)
         yield bookmark, dc, deadline or None, bool(barrier), seq, key, value, headers, ts
 
 

@@ -97,6 +97,10 @@ def test_an_envelope_carries_a_subscriptions_messages_in_order():
          ("s1", "T/0/3", 2, 6000, 2, False, None, [])],
         [("s2", "T/0/2", 1, None, 1, True, None, [])],
     ]
+    # each payload is read in place from the envelope's blob: keys and times included
+    env1 = wire.decode("envelope", records[0].value)
+    assert [(key, ts) for _, _, _, _, _, key, _, _, ts in unpack_deliveries(env1["batch"])] == [
+        (None, 10), (b"k", 11)]
 
 
 def test_an_envelope_that_would_outgrow_the_record_limit_is_split():
