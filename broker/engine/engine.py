@@ -370,9 +370,10 @@ class Engine(Timers, Dispatcher, Acks, Admission):
 
     def restore_stored(self, queue: str, records: Iterable[tuple[str, bytes]],
                        load: Callable[[str, bytes], Message], subs: Iterable[Transition],
-                       now: int, holders: dict[str, str] | None = None) -> None:
+                       now: int, holders: dict[str, str] | None = None,
+                       paged: bool = False) -> None:
         """`restore` from the store's records as they are (see QueueState.restore_stored)."""
-        self.queues[queue].restore_stored(records, load)
+        self.queues[queue].restore_stored(records, load, paged)
         self._restored(self.queues[queue], subs, now, holders)
 
     def _restored(self, q: QueueState, subs: Iterable[Transition], now: int,

@@ -5,10 +5,11 @@ that come next in delivery order; the rest are paged out to a `Pager`, which kee
 delivery order (to refill the window), in arrival order (browsers, `kq inspect`) and by
 bookmark. It also keeps their expiry timers (`add_timer`, `due_timers`), so a deep queue with
 an expiration holds no timer per message in memory. The pager is the engine's own swap space,
-not its durable state: a page-out takes effect at once and nothing in it survives a restart
-(the service rebuilds it from its store). The service's pager is RocksDB
-(`broker.state.pager`); `MemoryPager` serves the tests and behaves the same, so every queue
-rule is tested with a window small enough to page all the time.
+not its durable state: a page-out takes effect at once and nothing in it survives a crash
+(the service rebuilds it from its store; a clean stop keeps it, broker.service.swap). The
+service's pager is RocksDB (`broker.state.pager`); `MemoryPager` serves the tests and
+behaves the same, so every queue rule is tested with a window small enough to page all the
+time.
 """
 
 from __future__ import annotations

@@ -197,13 +197,19 @@ class Window:
         if self.waits is not None:  # the barriers are all known now
             self.waits.rebuild(self.barriers.keys(), unfinished)
 
+    @property
+    def restores_raw(self) -> bool:
+        """Whether `restore_stored` pages the stored records out as they are."""
+        return self.pager is not None and not self.config.expiration and self.sorted_by is None
+
     def restore_stored(self, records: Iterable[tuple[str, bytes]],
-                       load: Callable[[str, bytes], Message]) -> None:
+                       load: Callable[[str, bytes], Message], paged: bool = False) -> None:
         """`restore` from stored records (bookmark text, packed message): an available
         message that is paged out goes to the pager as stored, without becoming a Message
         (`load` builds one when needed), so a restart costs a few microseconds per queued
-        message."""
-        if self.pager is None or self.config.expiration or self.sorted_by is not None:
+        message. `paged`: the pager holds every available one already (a clean stop left
+        it so, `page_out_window`): they are counted, not paged out again."""
+        if not self.restores_raw:
             self.restore(load(text, data) for text, data in records)
             return
         best: list[tuple[float, int, str, bytes | Message]] = []  # the window, worst on top
@@ -244,6 +250,8 @@ class Window:
             stamps[ts] = stamps.get(ts, 0) + 1
             if self.waits is not None:
                 seqs.append(seq)
+            if paged:
+                continue
             if len(best) < self.window:
                 heapq.heappush(best, (-first, -seq, bm_text, item))
                 continue
@@ -263,13 +271,28 @@ class Window:
         self.stats.next_seq = next_seq
         for ts, count in stamps.items():
             self.timestamps.add(ts, count)
-        for _, _, text, kept in sorted(best, reverse=True):  # before every paged-out one
-            msg = kept if isinstance(kept, Message) else load(text, kept)
+        for _, _, text, held in sorted(best, reverse=True):  # before every paged-out one
+            msg = held if isinstance(held, Message) else load(text, held)
             self.messages[msg.bookmark] = msg
             self._make_available(msg)
+        if paged and self.pager is not None:
+            self.paged = self.pager.count(self.name)
+            self._floor = self.pager.first_order(self.name)
         self.restore(others, offsets={
             (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
             for where, values in offsets.items()}, unfinished=seqs)
+        if paged:
+            self.refill()  # the window, from the front of the pager
+
+    def page_out_window(self) -> None:
+        """At a clean stop: page out the available messages held in memory as well (those
+        a restore would page out or hold), so that the pager holds every one and the next
+        start can use it as it is (`restore_stored(paged=True)`)."""
+        for msg in [m for m in self.messages.values() if m.state is MessageState.AVAILABLE
+                    and not m.is_barrier and m.not_before_ms is None]:
+            self._leave(msg)
+            self._page_out(msg)
+            self._set_expiry_timer(msg, paged=True)
 
     def _as_configured(self, msg: Message) -> None:
         """A stored message ranked as the queue's config ranks now (it may have changed)."""

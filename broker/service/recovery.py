@@ -23,6 +23,7 @@ from broker.kafka.fetch import fetch_records
 from broker.service.journal import BatchAssembler, Part, transitions_in
 from broker.service.memory import collector_paused
 from broker.service.snapshots import restore
+from broker.service.swap import use_kept_pager
 from broker.state.layout import (
     Checkpoint,
     Payload,
@@ -79,7 +80,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
     if snapshot_topic is not None:
         meta, seen = restore(store, snapshot_reader or consumer, snapshot_topic, partition,
                              journal_topic, meta)
-    load_engine(store, engine, now)
+    load_engine(store, engine, now, use_kept_pager(engine, meta))
     positions = load_positions(store)
     marker_offset = write_marker(uuid.uuid4().hex)
     if marker_offset <= meta["offset"]:

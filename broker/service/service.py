@@ -54,8 +54,9 @@ from broker.service.routing import Router
 from broker.service.shard_io import ShardIO
 from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
+from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
-from broker.state.layout import Checkpoint, Payload, load_packed_payload, load_payload
+from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
 from broker.state.store import Store
 from broker.values import NOTICE, Bookmark
 
@@ -170,6 +171,7 @@ class Service:
                 self._snapshots.turn(time.monotonic() - began)
             self._committer.flush_held()
             self._snapshots.write_now()  # a clean stop: the next owner starts from here
+            keep_pager(self.engine, load_meta(store))  # and from its pager, if it is this one
         finally:
             if self._snapshots is not None:
                 self._snapshots.close()  # before the store it reads is closed
@@ -275,9 +277,8 @@ class Service:
                      len(batch.envelopes or ()), took * 1000, (handled - started) * 1000)
 
     def _answer_snapshots(self, queries: list[Query]) -> None:
-        """State snapshots, taken between batches: the state is exactly that of the last
-        journaled batch, whose number the answer carries, so an audit can rebuild the same
-        state from the journal however busy the service is."""
+        """State snapshots between batches: exactly the last journaled batch's state (the
+        answer carries its number), which an audit can rebuild from the journal."""
         replies, last = _Batch(), self._committer.next_batch - 1
         for q in queries:
             for body in snapshot(self.engine, last, self.shard):
@@ -306,8 +307,7 @@ class Service:
             self._run(ev.MessageArrived(name, bm, ts, payload.size, doc, headers_seen),
                       now, batch)
 
-    def _command(self, rec: KafkaMessage, principal: str | None, now: int,
-                 batch: _Batch) -> None:
+    def _command(self, rec: KafkaMessage, principal: str | None, now: int, batch: _Batch) -> None:
         elsewhere = shard_elsewhere(self.config, self.engine.queues, rec.value())
         if elsewhere is not None:  # passed on, with the rest of the batch (commit step 1)
             batch.outbox.copies.append(OutRecord(rec.topic() or "", rec.value(), rec.key(),

@@ -357,8 +357,9 @@ def load_meta(store: Store) -> dict[str, Any]:
     return json.loads(raw) if raw else {"offset": -1, "batch": 0}
 
 
-def load_engine(store: Store, engine: Engine, now: int) -> None:
-    """Fill a fresh engine with everything the store holds."""
+def load_engine(store: Store, engine: Engine, now: int, paged: bool = False) -> None:
+    """Fill a fresh engine with everything the store holds (`paged`: its pager holds every
+    available message already, as a clean stop left it)."""
     subs_by_queue: dict[str, list[Transition]] = {}
     for _, value in store.scan(b"s" + SEP):
         s = json.loads(value)
@@ -377,7 +378,7 @@ def load_engine(store: Store, engine: Engine, now: int) -> None:
         held = b"g" + SEP + name.encode() + SEP
         holders = {k[len(held):].decode(): v.decode() for k, v in store.scan(held)}
         engine.restore_stored(name, records, _load_stored, subs_by_queue.get(name, []), now,
-                              holders)
+                              holders, paged)
 
 
 def _load_stored(bm_text: str, data: bytes) -> Message:

@@ -1,8 +1,12 @@
 """The service's pager (broker.engine.paging): paged-out messages in a RocksDB of their own.
 
-It is swap space, not state: it lives in `DATA_DIR/pager`, is emptied at every start (the
-service pages the queues out again as it loads them from its store), and is written without
-a write-ahead log. Keys, each prefixed by the queue's name and a NUL:
+It is swap space, not state: it lives in `DATA_DIR/pager` and is written without a write-ahead
+log. A start empties it (the service pages the queues out again as it loads them from its
+store), unless the last stop was clean: a clean stop pages out every available message and
+leaves a marker (`keep`) naming the state it matches (the store's journal offset, and each
+queue's count and ranking), and a start whose store and queues still match uses the pager as
+it is (broker.service.swap). Opening removes the marker for good first, so after a crash the
+pager is rebuilt. Keys, each prefixed by the queue's name and a NUL:
   o ORDER      the message (its packed record and bookmark), in delivery order
   b BOOKMARK   its ORDER
   s SEQ        its ORDER, in arrival order
@@ -14,6 +18,7 @@ shorter string sorts before a longer one it starts), then seq.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import struct
@@ -69,15 +74,28 @@ def _message(data: bytes) -> Message:
     return decode_message(bm, data[start:start + size])
 
 
+KEPT = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
+
+
 class RocksPager:
     def __init__(self, path: str | Path, memory_budget: int) -> None:
-        shutil.rmtree(path, ignore_errors=True)  # swap: nothing in it outlives the process
-        Path(path).mkdir(parents=True)
-        self._db = Rdict(str(path), bounded_options(memory_budget))
-        no_log = WriteOptions()
-        no_log.disable_wal = True  # type: ignore[method-assign, assignment]  # a property
-        self._db.set_write_options(no_log)
+        self._path, self._budget = Path(path), memory_budget
+        self._db = self._open(fresh=False)
+        # What the last clean stop left (see the module's doc); None: the pager starts empty
+        self.kept: dict[str, Any] | None = None
         self._counts: dict[str, int] = {}
+        raw = self._db.get(KEPT)
+        try:
+            if raw is not None:
+                self.kept = json.loads(bytes(raw))
+                self._counts = {q: int(v["count"]) for q, v in self.kept["queues"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.kept = None
+        if self.kept is None:
+            self.discard()
+        else:  # gone for good before anything changes: a crash from here on rebuilds it
+            self._db.delete(KEPT)
+            self._db.flush(True)
         # Per queue, a key at or below every live `o` key: seeks start there, not at the
         # prefix, so they do not wade through the deleted entries before it (a queue takes
         # from the front: RocksDB keeps tombstones until compaction).
@@ -88,6 +106,31 @@ class RocksPager:
         # writes them together several times faster than one by one.
         self._pending = WriteBatch(raw_mode=True)
         self._pending_items = 0
+
+    def _open(self, fresh: bool) -> Rdict:
+        if fresh:
+            shutil.rmtree(self._path, ignore_errors=True)
+        self._path.mkdir(parents=True, exist_ok=True)
+        db = Rdict(str(self._path), bounded_options(self._budget))
+        no_log = WriteOptions()
+        no_log.disable_wal = True  # type: ignore[method-assign, assignment]  # a property
+        db.set_write_options(no_log)
+        return db
+
+    def discard(self) -> None:
+        """Start empty: what the pager holds is not the state the service loads."""
+        self._db.close()
+        self._db = self._open(fresh=True)
+        self.kept, self._counts = None, {}
+
+    def keep(self, marker: dict[str, Any]) -> None:
+        """At a clean stop, every available message paged out: leave `marker` (each queue's
+        count added) for the next start, on disk with everything written before it."""
+        self._flush()
+        marker["queues"] = {q: {**v, "count": self._counts.get(q, 0)}
+                            for q, v in marker["queues"].items()}
+        self._db.put(KEPT, json.dumps(marker).encode())
+        self._db.flush(True)
 
     def _pended(self, n: int) -> None:
         """`n` more puts wait in the batch: written once there are PENDING_LIMIT."""
