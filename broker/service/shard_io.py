@@ -43,7 +43,7 @@ class ShardIO:
         if store is None:  # RocksDB: each shard gets its part of the memory budget,
             budget = int(svc.memory_budget) // svc.shards  # half for state, half for pager
             store = RocksStore(shard_dir(svc.data_dir, shard), budget - budget // 2)
-            pager = RocksPager(shard_dir(svc.data_dir, shard) / "pager", budget // 2)
+            pager = RocksPager(shard_dir(svc.data_dir, shard) / "pager", budget // 2, reuse=True)
         # with exactly_once, transactional: its start fences an earlier owner of this shard
         producer = clients.service_producer(bootstrap, extra, (
             f"{topics.prefix}.shard.{shard}" if svc.exactly_once else None))

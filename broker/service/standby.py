@@ -22,6 +22,7 @@ from broker.engine.engine import Engine
 from broker.kafka import clients
 from broker.service.recovery import JournalTail
 from broker.service.snapshots import READER, restore
+from broker.service.swap import use_kept_pager
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import load_engine, load_meta
 from broker.state.pager import RocksPager
@@ -64,7 +65,7 @@ class Standby:
         budget = int(svc.memory_budget) // svc.shards
         where = shard_dir(svc.data_dir, self.shard)
         store = RocksStore(where, budget - budget // 2)
-        pager = RocksPager(where / "pager", budget // 2)
+        pager = RocksPager(where / "pager", budget // 2, reuse=True)
         engine = Engine(self.config.queues_of_shard(self.shard), svc.heartbeat_timeout.ms)
         engine.use_pager(pager)
         journal = clients.consumer(self.bootstrap, extra, **{
@@ -77,7 +78,7 @@ class Standby:
             # an empty copy, or one older than the journal's start, begins at the snapshot
             meta, _ = restore(store, reader, topics.snapshots, self.shard, topic,
                               load_meta(store))
-            load_engine(store, engine, int(time.time() * 1000))
+            load_engine(store, engine, int(time.time() * 1000), use_kept_pager(engine, meta))
             tail = JournalTail(store, engine, fetcher, meta)
             journal.assign([TopicPartition(topic, self.shard, meta["offset"] + 1)])
             log.info("standby of shard %d from journal offset %d", self.shard,

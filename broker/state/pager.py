@@ -78,22 +78,24 @@ KEPT = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
 
 
 class RocksPager:
-    def __init__(self, path: str | Path, memory_budget: int) -> None:
+    def __init__(self, path: str | Path, memory_budget: int, reuse: bool = False) -> None:
+        """`reuse`: read what a clean stop kept (`kept`), for the caller to check before it
+        loads its engine (broker.service.swap.use_kept_pager); otherwise start empty."""
         self._path, self._budget = Path(path), memory_budget
-        self._db = self._open(fresh=False)
+        self._db = self._open(fresh=not reuse)
         # What the last clean stop left (see the module's doc); None: the pager starts empty
         self.kept: dict[str, Any] | None = None
         self._counts: dict[str, int] = {}
-        raw = self._db.get(KEPT)
+        raw = self._db.get(KEPT) if reuse else None
         try:
             if raw is not None:
                 self.kept = json.loads(bytes(raw))
                 self._counts = {q: int(v["count"]) for q, v in self.kept["queues"].items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             self.kept = None
-        if self.kept is None:
+        if self.kept is None and reuse:
             self.discard()
-        else:  # gone for good before anything changes: a crash from here on rebuilds it
+        elif self.kept is not None:  # gone for good before any change: a crash rebuilds it
             self._db.delete(KEPT)
             self._db.flush(True)
         # Per queue, a key at or below every live `o` key: seeks start there, not at the

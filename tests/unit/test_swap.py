@@ -17,7 +17,7 @@ BUDGET = 32 << 20
 def started(config, store, path, window=7):
     """An engine loaded as the service loads it at start: (engine, whether it used a kept
     pager)."""
-    engine = Engine([config], pager=RocksPager(path, BUDGET), window=window)
+    engine = Engine([config], pager=RocksPager(path, BUDGET, reuse=True), window=window)
     kept = use_kept_pager(engine, load_meta(store))
     load_engine(store, engine, NOW, kept)
     return engine, kept
@@ -80,3 +80,11 @@ def test_a_queue_not_paged_out_as_stored_leaves_no_pager_to_keep(tmp_path):
     stopped(first, store)
     second, kept = started(config, store, tmp_path / "pager")
     assert not kept and picture(second) == reference(config, store)
+
+
+def test_a_pager_opened_without_reuse_starts_empty_whatever_a_stop_kept(tmp_path):
+    store, _ = stored_queue(random.Random(5), 100)
+    first, _ = started(queue("Q"), store, tmp_path / "pager")
+    stopped(first, store)
+    fresh = RocksPager(tmp_path / "pager", BUDGET)
+    assert fresh.kept is None and fresh.count("Q") == 0 and fresh.first_order("Q") is None
