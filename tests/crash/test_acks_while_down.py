@@ -26,6 +26,8 @@ from tests.integration.kit import (
 
 pytestmark = pytest.mark.integration
 
+ACK_MARGIN_S = 1.0
+
 
 def test_acks_sent_while_the_service_was_down_settle_their_leases_after_the_deadline(
         bootstrap, tmp_path):
@@ -110,13 +112,17 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
         for w in workers:
             w.join(10)
         serve.stop()
+    # In time: sent with a second of the 3 s lease left. An ack made just before the deadline
+    # while the service runs may reach it after the lease lapsed, and is rightly too late.
     in_time = {}
     for what, bm, at, deadline in events:
-        if what == "ack" and deadline is not None and at < deadline:
+        if what == "ack" and deadline is not None and at < deadline - ACK_MARGIN_S:
             in_time.setdefault(bm, at)
     again = [(bm, round(at - in_time[bm], 1)) for what, bm, at, _ in events
              if what == "got" and bm in in_time and at > in_time[bm]]
-    assert again == [], f"delivered again after an ack sent in time: {again[:5]}"
+    story = [(what, bm, round(at, 2), deadline) for what, bm, at, deadline in events
+             if bm in {b for b, _ in again[:3]}]
+    assert again == [], f"delivered again after an ack sent in time: {again[:5]}; {story}"
 
 
 def queue_row_of(cfg, queue: str) -> dict:
