@@ -36,9 +36,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# Apache Kafka's group.share.partition.max.record.locks default (4.x): the records a share
-# group holds acquired at once on one partition, whatever its number of consumers
-SHARE_RECORD_LOCKS = 2000
+SHARE_RECORD_LOCKS = 2000  # Kafka's group.share.partition.max.record.locks default (4.x)
 sys.path.insert(0, str(ROOT))
 
 from broker.kafka import clients  # noqa: E402
@@ -298,10 +296,9 @@ def main() -> None:
                          "group's start does not dominate its drain)")
     ap.add_argument("--subscribers", type=int, default=4)
     ap.add_argument("--backlog", type=int, default=None,
-                    help="each kq worker's max_backlog: messages it holds unacknowledged at "
-                         f"once (default {SHARE_RECORD_LOCKS:,} / --subscribers: the records "
-                         "a share group holds acquired per partition by default, so that kq "
-                         "and share groups keep as many in flight)")
+                    help=f"each kq worker's max_backlog (default {SHARE_RECORD_LOCKS:,} / "
+                         "--subscribers: as many in flight as a share group holds acquired "
+                         "per partition by default)")
     ap.add_argument("--rate", type=float, default=500.0, help="paced phase msgs/s")
     ap.add_argument("--rss-messages", type=int, default=50000)
     ap.add_argument("--rss-leased", type=int, default=10000,
@@ -340,8 +337,7 @@ def main() -> None:
     global SERVICE_EXTRA, QUEUE_EXTRA
     if a.messages is None:
         a.messages = 100_000 if a.broker == "apache" or a.bootstrap else 20_000
-    if a.backlog is None:
-        a.backlog = max(1, SHARE_RECORD_LOCKS // a.subscribers)
+    a.backlog = a.backlog or max(1, SHARE_RECORD_LOCKS // a.subscribers)
     SERVICE_EXTRA = "".join(f"{line}\n" for line in a.service.split("\\n") if line)
     if a.memory_budget:
         SERVICE_EXTRA += f'memory_budget = "{a.memory_budget}"\n'
