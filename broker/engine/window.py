@@ -275,14 +275,14 @@ class Window:
             msg = held if isinstance(held, Message) else load(text, held)
             self.messages[msg.bookmark] = msg
             self._make_available(msg)
-        if paged and self.pager is not None:
+        if paged and self.pager is not None:  # the window comes from the pager's front
             self.paged = self.pager.count(self.name)
             self._floor = self.pager.first_order(self.name)
         self.restore(others, offsets={
             (where.rpartition("/")[0], int(where.rpartition("/")[2])): values
             for where, values in offsets.items()}, unfinished=seqs)
         if paged:
-            self.refill()  # the window, from the front of the pager
+            self.refill()
 
     def page_out_window(self) -> None:
         """At a clean stop: page out the available messages held in memory as well (those

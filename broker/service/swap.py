@@ -32,17 +32,20 @@ def _marker(engine: Engine, meta: dict[str, Any]) -> dict[str, Any] | None:
     return {"offset": meta["offset"], "batch": meta["batch"], "queues": queues}
 
 
+def _state(marker: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """What of a marker must match: the store's journal place, each queue's ranking."""
+    return (marker.get("offset"), marker.get("batch"),
+            {q: v.get("ranked") for q, v in marker.get("queues", {}).items()})
+
+
 def use_kept_pager(engine: Engine, meta: dict[str, Any]) -> bool:
     """At start, before the engine is loaded: whether its pager is the one a clean stop
     left for this store and these queues. When it is not, it is emptied."""
     pager = engine.pager
     if not isinstance(pager, RocksPager) or pager.kept is None:
         return False
-    kept, expected = pager.kept, _marker(engine, meta)
-    if expected is not None and (kept.get("offset"), kept.get("batch")) == (
-            expected["offset"], expected["batch"]) and {
-            q: v.get("ranked") for q, v in kept.get("queues", {}).items()} == {
-            q: v["ranked"] for q, v in expected["queues"].items()}:
+    expected = _marker(engine, meta)
+    if expected is not None and _state(pager.kept) == _state(expected):
         log.info("the pager kept at the last stop holds the queues' available messages: "
                  "used as it is")
         return True
