@@ -142,9 +142,15 @@ _answers_at_once: dict[str, bool] = {}
 def fetch_wait_ms(bootstrap: str, extra: Settings | None = None) -> int:
     """The `fetch.wait.max.ms` for long-lived consumers of this cluster (asked once per
     process and cluster; a broker that does not say, or will not, gets the short wait)."""
+    return LONG_FETCH_WAIT_MS if is_apache_kafka(bootstrap, extra) else SHORT_FETCH_WAIT_MS
+
+
+def is_apache_kafka(bootstrap: str, extra: Settings | None = None) -> bool:
+    """Whether the cluster is Apache Kafka (its brokers list the settings of its fetch
+    purgatory): asked once per process and cluster; one that does not say counts as not."""
     if bootstrap not in _answers_at_once:
         _answers_at_once[bootstrap] = _has_fetch_purgatory(admin(bootstrap, extra))
-    return LONG_FETCH_WAIT_MS if _answers_at_once[bootstrap] else SHORT_FETCH_WAIT_MS
+    return _answers_at_once[bootstrap]
 
 
 def _has_fetch_purgatory(a: AdminClient) -> bool:

@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from broker.engine.engine import Engine
 from broker.kafka import clients
+from broker.kafka.gaps import GapCheck
 from broker.service.routing import Router
 from broker.service.topics import TopicWatch
 from broker.state.layout import ReaderKey
@@ -44,8 +45,11 @@ class Inputs:
     def __init__(self, consumer: Consumer, commands: Consumer, admin: AdminClient,
                  router: Router, engine: Engine, command_topics: list[str],
                  positions: dict[ReaderKey, int], required: tuple[str, ...] = (),
-                 command_partition: int = 0) -> None:
+                 command_partition: int = 0, reread_gaps: bool = False) -> None:
         self._consumer, self._router = consumer, router
+        # (not on Apache Kafka: broker.kafka.gaps)
+        self._source_gaps = GapCheck(consumer, reread_gaps)
+        self._command_gaps = GapCheck(commands, reread_gaps)
         self._last_input = 0.0  # monotonic time records last came in
         self._commands = commands
         self._engine = engine
@@ -74,6 +78,8 @@ class Inputs:
                 self.positions[key] = clients.end_offset(self._consumer, topic, p)
         self._commands.assign([TopicPartition(t, p, self.positions[(SERVICE, t, p)])
                                for t in self.command_topics])
+        for t in self.command_topics:
+            self._command_gaps.moved(t, p, self.positions[(SERVICE, t, p)])
         # Commands sent while the service was down (acks, heartbeats, cancels) are judged as
         # if they had come in time: until they are read, no lease or heartbeat may lapse.
         self._catch_up = {t: clients.end_offset(self._consumer, t, p)
@@ -107,16 +113,22 @@ class Inputs:
     def poll(self, max_records: int, wait: bool = True) -> list[Message]:
         """The next records: commands first, then source records; with `wait`, wait a little
         for some when none are there."""
-        commands = clients.take(self._commands, max_records, 0)
-        sources = clients.take(self._consumer, max_records, 0)
+        commands = self._commands_taken(max_records, 0)
+        sources = self._sources_taken(max_records, 0)
         if wait and not commands and not sources:
             pause = IDLE_WAIT_S if self.idle else BUSY_WAIT_S
-            commands = clients.take(self._commands, max_records, pause)
+            commands = self._commands_taken(max_records, pause)
             if not commands:
-                sources = clients.take(self._consumer, max_records, pause)
+                sources = self._sources_taken(max_records, pause)
         if commands or sources:
             self._last_input = time.monotonic()
         return commands + sources
+
+    def _commands_taken(self, max_records: int, wait_s: float) -> list[Message]:
+        return self._command_gaps.passed(clients.take(self._commands, max_records, wait_s))
+
+    def _sources_taken(self, max_records: int, wait_s: float) -> list[Message]:
+        return self._source_gaps.passed(clients.take(self._consumer, max_records, wait_s))
 
     def lag(self) -> int:
         """Source records not read yet, as of the last fetch's watermarks."""
@@ -247,6 +259,7 @@ class Inputs:
         """Reading starts at `offset`: if a reader stopped there before, a first record
         further on means records went missing; if it is where a queue's recovery point
         begins, nothing before it was ever kq's to read."""
+        self._source_gaps.moved(topic, partition, offset)
         read_to = [pos for r in self.readers(topic)
                    if (pos := self.positions.get((r, topic, partition), UNSET)) >= 0]
         if read_to and min(read_to) == offset:

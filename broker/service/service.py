@@ -90,8 +90,7 @@ class Service:
                  still_owner: Callable[[], bool] = lambda: True) -> None:
         self.config = config
         svc = config.service
-        self.shard = shard
-        self.bootstrap = bootstrap_servers
+        self.shard, self.bootstrap = shard, bootstrap_servers
         self.topics = Topics(svc.topic_prefix)
         queues = config.queues_of_shard(shard)
         self.router = Router(queues, svc.topic_prefix)
@@ -156,7 +155,8 @@ class Service:
             self._committer.next_batch = rec.next_batch
             self.inputs = Inputs(io.consumer, io.commands, io.admin, self.router,
                                  self.engine, list(self._command_topics), rec.positions,
-                                 required=(self.topics.journal,), command_partition=self.shard)
+                                 required=(self.topics.journal,), command_partition=self.shard,
+                                 reread_gaps=io.may_skip_records)
             self.inputs.on_lost = functools.partial(say_lost, self.metrics)
             self._configure_queues()
             self._send_again(rec.unsent)

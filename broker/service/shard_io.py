@@ -55,6 +55,12 @@ class ShardIO:
         commands = clients.consumer(bootstrap, extra, **{"fetch.wait.max.ms": wait})
         return cls(admin, store, pager, producer, consumer, commands, bootstrap, extra)
 
+    @property
+    def may_skip_records(self) -> bool:
+        """Whether the broker may hand out a record before an earlier one of its partition
+        is readable (`broker.kafka.gaps`): any but Apache Kafka."""
+        return not clients.is_apache_kafka(self.bootstrap, self.extra)
+
     def journal_reader(self) -> Consumer:
         """A consumer for the fence's look at the journal, made on first use."""
         if self._fence_reader is None:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from broker import wire
 from broker.client import QueueClient
 from tests.integration.kit import (
     ServeProcess,
@@ -19,6 +20,7 @@ from tests.integration.kit import (
     ensure_topic,
     kq,
     publish,
+    read_topic,
     uid,
     wait_for,
     write_config,
@@ -78,6 +80,7 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
     events: list[tuple[str, str, float, float | None]] = []  # (what, bookmark, at, deadline)
     lock = threading.Lock()
     done = threading.Event()
+    refused: list[str] = []
 
     def work(queue: str, n: int) -> None:
         # (a name per client: two clients of one name share its delivery topic, and the
@@ -93,6 +96,7 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
                     m.ack()
                     with lock:
                         events.append(("ack", m.bookmark, sent, m.lease_deadline))
+            refused.extend(c.errors)
 
     workers = [threading.Thread(target=work, args=(q, n), daemon=True)
                for q in queues for n in range(3)]
@@ -122,7 +126,34 @@ def test_workers_acking_through_six_kills_never_get_an_acked_message_again(boots
              if what == "got" and bm in in_time and at > in_time[bm]]
     story = [(what, bm, round(at, 2), deadline) for what, bm, at, deadline in events
              if bm in {b for b, _ in again[:3]}]
-    assert again == [], f"delivered again after an ack sent in time: {again[:5]}; {story}"
+    assert again == [], (f"delivered again after an ack sent in time: {again[:5]}; {story}; "
+                         f"refused: {refused}; {journal_around(cfg, again[0][0])}; "
+                         f"commands: {commands_of(bootstrap, f'kq{u}', story)}")
+
+
+def journal_around(cfg, bookmark: str) -> str:
+    """Why a message came back (lapsed, its subscription dropped...), and which acks the
+    service took meanwhile."""
+    life = json.loads(kq("journal", "grep", bookmark, "--config", str(cfg), "--json").stdout)
+    times = [t["at_ms"] for t in life["life"]]
+    dump = kq("journal", "dump", "--kind", "acked", "--config", str(cfg), "--json").stdout
+    acked = [json.loads(line) for line in dump.splitlines()]
+    meanwhile = [(a["at_ms"], a["client"], a["bookmark"]) for a in acked
+                 if times[1] <= a["at_ms"] <= times[-1]]
+    return f"life: {life['life']}; acks taken meanwhile: {meanwhile}"
+
+
+def commands_of(bootstrap: str, prefix: str, story: list) -> list:
+    """The commands sent while the story went on, as Kafka has them: (offset, produced at,
+    client, type, bookmarks); heartbeats left out."""
+    start, end = story[0][2] - 1, story[-1][2] + 1
+    found = []
+    for r in read_topic(bootstrap, f"{prefix}.commands", 10**6, timeout=5):
+        c = wire.decode("command", r.value())
+        if start <= r.timestamp()[1] / 1000 <= end and c["type"] != "heartbeat":
+            found.append((r.offset(), r.timestamp()[1] / 1000, c["client"], c["type"],
+                          c["packed_bookmarks"] or c["bookmarks"]))
+    return found
 
 
 def queue_row_of(cfg, queue: str) -> dict:
