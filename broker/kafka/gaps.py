@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 log = logging.getLogger("kq.gaps")
 
@@ -35,6 +35,17 @@ class GapCheck:
         """The consumer was told to read `partition` from `offset` (assigned, or sought)."""
         self._next[(topic, partition)] = offset
 
+    def _seek(self, key: Partition, offset: int) -> bool:
+        """Read `key` again from `offset`; False when the consumer refused (read on)."""
+        self._retried[key] = offset
+        try:
+            self._consumer.seek(TopicPartition(key[0], key[1], offset))
+        except KafkaException as exc:
+            log.warning("%s/%d: could not read offsets from %d again: %s", *key, offset, exc)
+            return False
+        self.read_again += 1
+        return True
+
     def passed(self, records: list[Message]) -> list[Message]:
         if not self.enabled:
             return records
@@ -49,11 +60,9 @@ class GapCheck:
             if key in held:
                 continue  # fetched again after the gap's records
             expected = self._next.get(key)
-            if expected is not None and offset > expected and self._retried.get(key) != expected:
-                self._retried[key] = expected
-                self._consumer.seek(TopicPartition(key[0], key[1], expected))
+            if (expected is not None and offset > expected
+                    and self._retried.get(key) != expected and self._seek(key, expected)):
                 held.add(key)
-                self.read_again += 1
                 log.debug("%s/%d: offsets %d-%d missing: read again", *key, expected, offset - 1)
                 continue
             self._next[key] = offset + 1

@@ -1,6 +1,8 @@
 """A gap in a partition's offsets is read again once (broker.kafka.gaps): on the embedded
 broker a consumer may be handed a record before an earlier one is readable."""
 
+from confluent_kafka import KafkaError, KafkaException
+
 from broker.kafka.gaps import GapCheck
 
 
@@ -22,10 +24,13 @@ class Rec:
 
 
 class Consumer:
-    def __init__(self) -> None:
+    def __init__(self, refuses: bool = False) -> None:
         self.seeks: list[tuple[str, int, int]] = []
+        self.refuses = refuses
 
     def seek(self, tp) -> None:
+        if self.refuses:
+            raise KafkaException(KafkaError(KafkaError._STATE))
         self.seeks.append((tp.topic, tp.partition, tp.offset))
 
 
@@ -72,3 +77,10 @@ def test_on_apache_kafka_every_record_passes():
     gaps.moved("t", 0, 0)
     assert offsets(gaps.passed([Rec(0), Rec(5)])) == [(0, 0), (0, 5)]
     assert c.seeks == []
+
+
+def test_a_consumer_that_refuses_the_seek_reads_on():
+    gaps = GapCheck(Consumer(refuses=True), enabled=True)
+    gaps.moved("t", 0, 0)
+    assert offsets(gaps.passed([Rec(0), Rec(2), Rec(3)])) == [(0, 0), (0, 2), (0, 3)]
+    assert gaps.read_again == 0
