@@ -205,16 +205,14 @@ def client_drain(messages: int, backlog: int) -> Callable[[], int]:
 
     core = ClientCore("w0", "", owner=Owner())
     sub = SubscriptionState("Q", "s0", "queue", {})
-    sub.backlog = backlog
     core.add(sub)
+    core.subscribed(sub, {"backlog": backlog})
 
     def drain() -> int:
         n = 0
         for value in envelopes:
             core.receive(value)
             while sub.buffer:
-                if core.acks_due(sub):
-                    core.take_acks()
                 sub.buffer.popleft().ack()
                 n += 1
         return n

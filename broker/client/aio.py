@@ -309,17 +309,16 @@ class AsyncSubscription(SubscriptionState):
 
     async def messages(self, timeout: float | None = 5.0) -> AsyncIterator[AsyncMessage]:
         """As `Subscription.messages`: `async for msg in sub.messages(...)`."""
-        client, core = self.client, self.client.core
+        client, core, buffer = self.client, self.client.core, self.buffer
         quiet_since = time.monotonic()
         while not self.closed and not client._closed.is_set():
-            if self.buffer:
-                if core.acks_due(self):
-                    await client._send(core.take_acks())
-                try:
-                    msg = self.buffer.popleft()
-                except IndexError:
-                    continue
-                yield msg  # type: ignore[misc]
+            if buffer:
+                while buffer and not self.closed:
+                    try:
+                        msg = buffer.popleft()
+                    except IndexError:
+                        break
+                    yield msg  # type: ignore[misc]
                 quiet_since = time.monotonic()
                 continue
             left = READ_WAIT_S if timeout is None else timeout - (time.monotonic() - quiet_since)

@@ -19,9 +19,10 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from mypy_extensions import mypyc_attr
@@ -37,7 +38,9 @@ log = logging.getLogger("kq.client")
 
 ACK_BATCH = 200  # acks carried by one command at most
 OWN_TOPIC_NEEDED = "own command topic"  # in the service's refusal of a shared-topic command
-RECEIVED_KEPT = 10_000  # deliveries remembered to drop a copy sent again after a crash
+# deliveries a subscription remembers to drop a copy sent again after a crash (at least
+# this many, at most twice as many)
+RECEIVED_KEPT = 10_000
 
 
 class LeaseLost(CommandError):
@@ -69,6 +72,10 @@ class SubscriptionState:
         self.failure: str | None = None  # why subscribing again was refused
         self.closed = False
         self.buffer: deque[Message] = deque()
+        # bookmark -> seq << 32 | delivery count of the deliveries received lately, oldest
+        # first (ClientCore._deliver): one int per message is cheaper to build and compare
+        # than a tuple
+        self.received: dict[str, int] = {}
 
     def arrived(self) -> None:
         """Messages were added to the buffer (the async subscription wakes its reader)."""
@@ -131,12 +138,13 @@ class ClientCore:
         self.subs: dict[str, SubscriptionState] = {}
         self.heartbeat_s: float | None = None  # asked for by the service's replies
         self._lock = threading.RLock()
-        self._received: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._chunks: dict[str, dict[int, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
         # acks batched per queue, each with the delivery it answers
         self._pending: dict[str, list[tuple[str, int]]] = {}
+        # per queue subscribed: the acks sent together (half the smallest backlog)
+        self._acks_due: dict[str, int] = {}
 
     # -- commands --------------------------------------------------------------------------
     def shard_of(self, queue: str) -> int:
@@ -188,16 +196,14 @@ class ClientCore:
             self._replies.pop(rid, None)
 
     def ack(self, msg: Message) -> bool:
-        """Keep an ack for the next batch; True when the batch is full (send it now)."""
+        """Keep an ack for the next batch; True when the acks kept should go now: a full
+        command, or half the backlog of the queue's subscription (the service refills that
+        half while the other is worked on)."""
+        queue = msg.queue
         with self._lock:
-            pending = self._pending.setdefault(msg.queue, [])
+            pending = self._pending.setdefault(queue, [])
             pending.append((msg.bookmark, msg.delivery_count))
-            return len(pending) >= ACK_BATCH
-
-    def acks_due(self, sub: SubscriptionState) -> bool:
-        """Half of the subscription's backlog acked: the service refills that half while
-        the other is worked on."""
-        return len(self._pending.get(sub.queue, ())) >= max(1, sub.backlog // 2)
+            return len(pending) >= min(ACK_BATCH, self._acks_due.get(queue, 1))
 
     def take_acks(self) -> list[Outgoing]:
         with self._lock:
@@ -228,6 +234,9 @@ class ClientCore:
     def subscribed(self, sub: SubscriptionState, body: dict[str, Any]) -> None:
         """The service's answer to `sub`'s subscribe."""
         sub.backlog = int(body.get("backlog", 0))
+        backlogs = [s.backlog for s in self.subs.values() if s.queue == sub.queue]
+        with self._lock:
+            self._acks_due[sub.queue] = max(1, min(backlogs, default=0) // 2)
         if isinstance(body.get("shard"), int):
             self.queue_shards[sub.queue] = body["shard"]
         if body.get("heartbeat_ms"):
@@ -331,24 +340,28 @@ class ClientCore:
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
         make, owner, browsed, schema = self.message, self.owner, sub.mode == "browse", sub.schema
-        received, fresh = self._received, []
+        received, fresh = sub.received, []
         with self._lock:
             for bookmark, count, deadline, barrier, seq, key, value, headers, ts in deliveries:
                 # After a crash the service sends its last leases again, not knowing whether
                 # they went out: a copy of one already received (same message, same delivery
-                # count) is dropped. The queue's arrival number tells a bookmark enqueued
-                # again apart.
-                seen = (sub_id, bookmark, seq, count)
-                if seen in received:
-                    continue
-                received[seen] = None
+                # count) is dropped, and so is one older than a delivery received (its lease
+                # is gone). The queue's arrival number tells a bookmark enqueued again apart.
+                seen = seq << 32 | count
+                before = received.get(bookmark)
+                if before is not None:
+                    if seen <= before:
+                        continue
+                    del received[bookmark]  # delivered again: now among the latest
+                received[bookmark] = seen
                 # by position, in Message's order: keywords cost a dict per message (2.7
                 # times as long to build one, compiled)
                 fresh.append(make(queue, bookmark, value, key, headers, count,
                                   None if deadline is None else deadline / 1000, barrier,
                                   ts / 1000, owner, browsed, False, fmt, schema))
-            while len(received) > RECEIVED_KEPT:
-                received.popitem(last=False)
+            if len(received) > 2 * RECEIVED_KEPT:  # forget the oldest, many at once
+                sub.received = dict(islice(received.items(), len(received) - RECEIVED_KEPT,
+                                           None))
         if fresh:
             sub.buffer.extend(fresh)
             sub.arrived()

@@ -296,17 +296,17 @@ class Subscription(SubscriptionState):
         """Yield messages as they arrive; stop after `timeout` seconds with nothing new
         (None: wait until the subscription or the client is closed). Raise CommandError when
         the service dropped this subscription and refused it again."""
-        client, core = self.client, self.client.core
+        client, core, buffer = self.client, self.client.core, self.buffer
         quiet_since = time.monotonic()
         while not self.closed and not client._closed.is_set():
-            if self.buffer:
-                if core.acks_due(self):  # the service refills while the rest is worked on
-                    client._send(core.take_acks())
-                try:
-                    msg = self.buffer.popleft()
-                except IndexError:  # another thread emptied it meanwhile (a drop notice)
-                    continue
-                yield msg
+            if buffer:
+                # what came is handed out; the clock is read once it all has been
+                while buffer and not self.closed:
+                    try:
+                        msg = buffer.popleft()
+                    except IndexError:  # another thread emptied it meanwhile (a drop notice)
+                        break
+                    yield msg
                 quiet_since = time.monotonic()
                 continue
             left = 0.1 if timeout is None else timeout - (time.monotonic() - quiet_since)

@@ -121,7 +121,9 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     else:
         columns = zip(*map(_ROW, rows), strict=True) if n else iter([()] * len(COLUMNS))
     for (name, kind), values in zip(COLUMNS, columns, strict=True):
-        empty = values.count(None) == n  # most columns are, for most kinds of transition
+        # most columns are empty for most kinds of transition; one whose first row is set
+        # is not looked through (comparing each value with None costs)
+        empty = n > 0 and values[0] is None and values.count(None) == n
         if kind == "str":
             out[name] = _NULL_INDEX * n if empty else pack_array("i", [
                 -1 if v is None else table.setdefault(str(v), len(table)) for v in values])
