@@ -58,12 +58,13 @@ META_JOURNAL = b"meta" + SEP + b"journal"
 _UNKNOWN: Any = object()  # a transition added without its message: look it up
 
 
+# (built as text and encoded once: written for every message several times)
 def message_key(queue: str, bm: Bookmark) -> bytes:
-    return b"m" + SEP + queue.encode() + SEP + str(bm).encode()
+    return f"m\x00{queue}\x00{bm}".encode()
 
 
 def payload_key(bm: Bookmark) -> bytes:
-    return b"p" + SEP + str(bm).encode()
+    return f"p\x00{bm}".encode()
 
 
 def sub_key(sub_id: str) -> bytes:
