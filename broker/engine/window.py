@@ -105,9 +105,7 @@ class Window:
     def _evict(self) -> None:
         """Too many available messages in memory: page out the last ones."""
         while len(self.available) - len(self.barriers) > self.window:
-            # counted from the end: a positive index past the first thousand makes
-            # sortedcontainers build a positional index, kept up at every change after
-            i = -1
+            i = len(self.available) - 1
             while self.available.peekitem(i)[1].is_barrier:
                 i -= 1
             msg = self.available.peekitem(i)[1]

@@ -9,9 +9,7 @@ it is (broker.service.swap). Opening removes the marker for good first, so after
 pager is rebuilt. Keys, each prefixed by the queue's name and a NUL:
   o ORDER      the message (its packed record and bookmark), in delivery order
   b BOOKMARK   its ORDER
-  s SEQ        its ORDER, in arrival order: only for a message with a priority or a sort
-               key (one without is in arrival order among the o keys already, and most
-               messages have neither: one write and one delete fewer for each)
+  s SEQ        its ORDER, in arrival order
   t AT SEQ     a timer: the bookmark of the message due at AT (expiry), earliest first
 ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq; in a
 sorted queue by the sort key's kind, then its number or its UTF-8 (a NUL escaped, so a
@@ -25,8 +23,6 @@ import math
 import shutil
 import struct
 from collections.abc import Iterator
-from heapq import merge
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +75,6 @@ def _message(data: bytes) -> Message:
 
 
 KEPT = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
-# The keys' layout, named in the marker: a pager kept by this version is not one an earlier
-# version can read (it would look for every message in the s keys), and such a version does
-# not find its marker where it looks, so it rebuilds the pager.
-LAYOUT = 2
-_SEQ_OF = attrgetter("seq")
 
 
 class RocksPager:
@@ -98,8 +89,7 @@ class RocksPager:
         raw = self._db.get(KEPT) if reuse else None
         try:
             if raw is not None:
-                kept = json.loads(bytes(raw))  # (an earlier layout's marker is the whole)
-                self.kept = kept["marker"] if kept.get("layout") == LAYOUT else kept
+                self.kept = json.loads(bytes(raw))
                 self._counts = {q: int(v["count"]) for q, v in self.kept["queues"].items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             self.kept = None
@@ -141,7 +131,7 @@ class RocksPager:
         self._flush()
         marker["queues"] = {q: {**v, "count": self._counts.get(q, 0)}
                             for q, v in marker["queues"].items()}
-        self._db.put(KEPT, json.dumps({"layout": LAYOUT, "marker": marker}).encode())
+        self._db.put(KEPT, json.dumps(marker).encode())
         self._db.flush(True)
 
     def _pended(self, n: int) -> None:
@@ -194,8 +184,7 @@ class RocksPager:
                 lowest = key
             put(o + key, pack_len(len(packed)) + packed + bm)
             put(b + bm, key)
-            if not key.startswith(_NO_PRIORITY):
-                put(s + pack_seq(seq), key)
+            put(s + pack_seq(seq), key)
         assert lowest is not None  # (items is not empty)
         self._lower(queue, o + lowest)
         self._pended(len(items))
@@ -204,8 +193,7 @@ class RocksPager:
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
         batch.delete(self._key(b"o", queue, order))
         batch.delete(self._key(b"b", queue, str(msg.bookmark).encode()))
-        if not order.startswith(_NO_PRIORITY):
-            batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
+        batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
         self._counts[queue] -= 1
 
     def get(self, queue: str, bm: Bookmark) -> Message | None:
@@ -264,18 +252,8 @@ class RocksPager:
         return out
 
     def by_seq(self, queue: str, after_seq: int) -> Iterator[Message]:
-        """In arrival order: the messages without a priority or sort key as their o keys
-        list them, merged with the others as the s keys do."""
-        plain = self._key(b"o", queue, _NO_PRIORITY)
-        start = max(plain + _SEQ.pack(after_seq + 1), self._from(queue))
-        return merge((_message(value) for _, value in self._scan(plain, start)),
-                     self._ranked_by_seq(queue, after_seq), key=_SEQ_OF)
-
-    def _ranked_by_seq(self, queue: str, after_seq: int) -> Iterator[Message]:
         prefix = self._key(b"s", queue, b"")
         for _, order in self._scan(prefix, prefix + _SEQ.pack(after_seq + 1)):
-            if order.startswith(_NO_PRIORITY):
-                continue  # written by an earlier layout: listed among the o keys
             data = self._db.get(self._key(b"o", queue, order))
             if data is not None:
                 yield _message(bytes(data))

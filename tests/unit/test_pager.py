@@ -1,16 +1,13 @@
 """The pager contract (broker.engine.paging): the RocksDB pager the service uses answers
 exactly as the memory one the engine tests use, over random work on priority orders."""
 
-import json
 import random
 
 import pytest
-from rocksdict import Options, Rdict
 
 from broker.engine.paging import MemoryPager
 from broker.engine.queue import Message
-from broker.state.pager import _SEQ as SEQ
-from broker.state.pager import KEPT, LAYOUT, RocksPager, order_key
+from broker.state.pager import RocksPager, order_key
 from broker.values import Bookmark
 
 
@@ -68,36 +65,6 @@ def test_the_rocksdb_pager_starts_empty(tmp_path):
     first.close()
     again = RocksPager(tmp_path / "pager", 32 << 20)
     assert again.count("Q") == 0 and again.take_first("Q", 5) == []
-
-
-def test_a_pager_kept_in_the_earlier_layout_lists_each_message_once(tmp_path):
-    """Before layout 2 every message had an s key; a start may reuse such a pager."""
-    first = RocksPager(tmp_path / "pager", 32 << 20)
-    msgs = [Message(Bookmark("T", 0, seq), seq, 1000 + seq) for seq in range(6)]
-    msgs[2].priority = 5
-    for msg in msgs:
-        first.put("Q", msg)
-        first._pending.put(b"sQ\x00" + SEQ.pack(msg.seq), order_key(msg.order))  # as before
-    first.keep({"queues": {"Q": {"ranked": True}}})
-    first._db.put(KEPT, json.dumps({"queues": {"Q": {"ranked": True, "count": 6}}}).encode())
-    first.close()
-    again = RocksPager(tmp_path / "pager", 32 << 20, reuse=True)
-    assert again.kept is not None and again.count("Q") == 6
-    assert [m.seq for m in again.by_seq("Q", -1)] == list(range(6))
-    again.take("Q", msgs[0].bookmark)
-    assert [m.seq for m in again.by_seq("Q", 1)] == [2, 3, 4, 5]
-
-
-def test_a_kept_pager_names_its_layout_where_earlier_versions_find_no_marker(tmp_path):
-    first = RocksPager(tmp_path / "pager", 32 << 20)
-    first.put("Q", Message(Bookmark("T", 0, 1), 1, 1))
-    first.keep({"offset": 7, "queues": {"Q": {"ranked": False}}})
-    first.close()
-    raw = json.loads(Rdict(str(tmp_path / "pager"), Options(raw_mode=True))[KEPT])
-    assert raw["layout"] == LAYOUT and "queues" not in raw  # an earlier version rebuilds
-    again = RocksPager(tmp_path / "pager", 32 << 20, reuse=True)
-    assert again.kept == {"offset": 7, "queues": {"Q": {"ranked": False, "count": 1}}}
-    assert [m.seq for m in again.by_seq("Q", -1)] == [1]
 
 
 @pytest.mark.parametrize("seed", range(3))
