@@ -35,6 +35,7 @@ from broker.engine import events as ev  # noqa: E402
 from broker.engine.transitions import Kind  # noqa: E402
 from broker.service.commit import Committer  # noqa: E402
 from broker.service.envelopes import Envelopes  # noqa: E402
+from broker.service.memory import calm_collector  # noqa: E402
 from broker.service.service import Service, _Batch  # noqa: E402
 from broker.state.layout import Payload  # noqa: E402
 from broker.state.pager import RocksPager  # noqa: E402
@@ -124,6 +125,7 @@ def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
     svc._committer = Committer(_Kafka(), store, svc.engine, "kq.journal",  # type: ignore[arg-type]
                                next_batch=0)
     svc.inputs = _Inputs()  # type: ignore[assignment]
+    calm_collector()  # as a shard does once it is ready
     return svc, {}
 
 

@@ -105,7 +105,10 @@ class Window:
     def _evict(self) -> None:
         """Too many available messages in memory: page out the last ones."""
         while len(self.available) - len(self.barriers) > self.window:
-            i = len(self.available) - 1
+            # (from the end, by a negative position: a positive one past the first sublist
+            # makes sortedcontainers build a positional index, then keep it up to date on
+            # every insert and delete until the next split)
+            i = -1
             while self.available.peekitem(i)[1].is_barrier:
                 i -= 1
             msg = self.available.peekitem(i)[1]

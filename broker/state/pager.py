@@ -221,15 +221,36 @@ class RocksPager:
             yield key, value
 
     def take_first(self, queue: str, limit: int) -> list[Message]:
-        prefix = self._key(b"o", queue, b"")
+        head = queue.encode() + SEP
+        prefix, by_bm, by_seq = b"o" + head, b"b" + head, b"s" + head
         out: list[Message] = []
         batch = WriteBatch(raw_mode=True)
-        for key, value in self._scan(prefix, prefix):
+        delete = batch.delete
+        first = last = b""
+        # (from below every live key, not the prefix: the front's deleted keys are tombstones
+        # a seek from the prefix would step over, one by one, until they are compacted)
+        for key, value in self._scan(prefix, self._from(queue)):
             if len(out) >= limit:
                 break
-            msg = _message(value)
+            (size,) = _LEN.unpack_from(value)
+            end = _LEN.size + size
+            bm = value[end:]  # the bookmark's text, as its `b` key holds it
+            msg = decode_message(Bookmark.parse(bm.decode()), value[_LEN.size:end])
             out.append(msg)
-            self._drop(batch, queue, key[len(prefix):], msg)
+            first, last = first or key, key
+            delete(by_bm + bm)
+        if not out:
+            return out
+        # What was taken is the front of the o keys: deleted as one range (each key written
+        # to RocksDB costs its memtable an insert, a range one). In arrival order (no
+        # priority: the o keys sort by seq) it is the front of the s keys as well.
+        batch.delete_range(first, last + SEP)
+        if first.startswith(_NO_PRIORITY, len(prefix)):
+            batch.delete_range(by_seq + _SEQ.pack(out[0].seq), by_seq + _SEQ.pack(out[-1].seq + 1))
+        else:
+            for msg in out:
+                delete(by_seq + _SEQ.pack(msg.seq))
+        self._counts[queue] -= len(out)
         self._db.write(batch)
         return out
 

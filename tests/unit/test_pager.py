@@ -21,8 +21,12 @@ def seen(msgs):
     return [(str(m.bookmark), m.seq, m.priority, m.timestamp_ms) for m in msgs]
 
 
+@pytest.mark.parametrize("priorities", [[None, 1, 5, 9.5, -2], [None]],
+                         ids=["ranked", "arrival-order"])
 @pytest.mark.parametrize("seed", range(5))
-def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed):
+def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed, priorities):
+    """Arrival order (no priority) is its own case: the RocksDB pager then takes the front
+    of the queue as key ranges."""
     rng = random.Random(seed)
     rocks, memory = RocksPager(tmp_path / "pager", 32 << 20), MemoryPager()
     live: list[Message] = []
@@ -30,7 +34,7 @@ def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed):
         op = rng.random()
         if op < 0.6 or not live:
             msg = Message(Bookmark(f"T.{seq % 3}", seq % 2, seq), seq, 1000 + seq)
-            msg.priority = rng.choice([None, 1, 5, 9.5, -2])
+            msg.priority = rng.choice(priorities)
             rocks.put("Q", msg)
             memory.put("Q", msg)
             live.append(msg)
@@ -43,6 +47,11 @@ def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed):
             taken = rocks.take_first("Q", n)
             assert seen(taken) == seen(memory.take_first("Q", n))
             live = [m for m in live if m.bookmark not in {t.bookmark for t in taken}]
+            if rng.random() < 0.3:  # paged out again, as an eviction does
+                for msg in taken:
+                    rocks.put("Q", msg)
+                    memory.put("Q", msg)
+                live += taken
         elif op < 0.95:
             after = memory.after("Q", None, rng.randrange(1, 20))
             order = after[-1].order if after else None
