@@ -11,9 +11,10 @@ between the old owner's last record and anything it writes later.
   last record: another's start-up marker means someone else took over. So it stops before
   writing anything.
 - A process woken from a freeze (its shard loop, which turns every few milliseconds, was
-  not run for half the session timeout) may learn of its eviction from the group only
-  seconds later, while the new owner is still restoring; so for three session timeouts
-  after such a gap it looks before every commit.
+  not run for half the session timeout, or one turn took that long) may learn of its
+  eviction from the group only seconds later, while the new owner is still restoring; so
+  for three session timeouts after such a gap it looks before every commit, the commit of
+  the turn it was frozen in included.
 - After writing its journal records, it checks that nothing came between its previous
   record and them. If something did, its records lie after a takeover marker, where every
   reader ignores them (`BatchAssembler.counts`), and it stops before anything else of the
@@ -26,11 +27,10 @@ between the old owner's last record and anything it writes later.
 
 That leaves the few milliseconds between a look and the write that follows, and a process
 frozen there wakes inside them: the batch it writes lies after the new owner's marker, inert,
-and the check after the write stops it (soaks see this about once in fifteen freezes). With
-`exactly_once` the broker closes the gap: each shard's producer has the transactional id
-PREFIX.shard.K, and a new owner's producer start makes the broker refuse every later write
-of the old one (`Sender.raise_if_fenced` in broker.service.sending; the embedded broker
-does this too).
+and the check after the write stops it. With `exactly_once` the broker closes the gap: each
+shard's producer has the transactional id PREFIX.shard.K, and a new owner's producer start
+makes the broker refuse every later write of the old one (`Sender.raise_if_fenced` in
+broker.service.sending; the embedded broker does this too).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Fence:
         self._clock, self._sleep = clock, sleep
         self._confirmed = clock()  # when our last journal write was proven ours
         self._last_alive: float | None = None  # the loop's last turn (none before the first)
+        self._noticed: float | None = None  # the turn after which a freeze was last seen
         self._watch_until = 0.0  # until when to look before every commit
         self.writer: str | None = None  # our marker's nonce
 
@@ -78,14 +79,28 @@ class Fence:
         gap means the process was frozen)."""
         now = self._clock()
         gap = 0.0 if self._last_alive is None else now - self._last_alive
-        if gap > self._quiet_s:
-            log.warning("shard %d: its loop did not turn for %.1f s (the process frozen, or "
-                        "a call to Kafka that slow); it checks the journal for a new owner "
-                        "before each commit for %.0f s", self._partition, gap, self._watch_s)
-            self._watch_until = now + self._watch_s
-            self._settle_until = now + self._settle_s
+        if gap > self._quiet_s and self._noticed != self._last_alive:
+            self._frozen(gap, now)
         self._last_alive = now
         return gap
+
+    def _frozen_in_turn(self) -> None:
+        """A freeze inside a turn of the loop, seen at the commit it delayed. The next turn
+        would see it too late: frozen while waiting for the batch before's journal, the
+        process wakes to that journal's acknowledgement, which proves its last write its own
+        a moment ago, and the commit would go out without a look."""
+        now = self._clock()
+        if (self._last_alive is not None and self._noticed != self._last_alive
+                and now - self._last_alive > self._quiet_s):
+            self._frozen(now - self._last_alive, now)
+
+    def _frozen(self, gap: float, now: float) -> None:
+        log.warning("shard %d: its loop did not turn for %.1f s (the process frozen, or a "
+                    "call to Kafka that slow); it checks the journal for a new owner before "
+                    "each commit for %.0f s", self._partition, gap, self._watch_s)
+        self._watch_until = now + self._watch_s
+        self._settle_until = now + self._settle_s
+        self._noticed = self._last_alive  # this gap, once
 
     def before_marker(self) -> None:
         """A restore can take seconds, and the group may give the shard away meanwhile (this
@@ -96,6 +111,7 @@ class Fence:
                        "was written")
 
     def before_commit(self, last_offset: int) -> None:
+        self._frozen_in_turn()
         wait = self._settle_until - self._clock()
         if wait > 0:  # woken from a freeze: let the group tell this process first
             self._sleep(wait)

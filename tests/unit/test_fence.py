@@ -104,6 +104,28 @@ def test_a_woken_frozen_owner_looks_before_every_commit_for_three_session_timeou
         _busy(f, clock, 0.01)
 
 
+def test_a_freeze_inside_a_turn_is_seen_at_the_commit_it_delayed(setup):
+    """Frozen while waiting for the batch before's journal: its acknowledgement on waking
+    proves the last write ours a moment ago, and the next turn comes after this commit."""
+    f, journal, clock = setup
+    _busy(f, clock, 1)
+    f.alive()  # a turn begins
+    clock.now += SESSION_S  # frozen in it
+    f.after_journal(0, 1)  # the batch before's journal, acknowledged on waking
+    journal.markers.append("theirs")  # the new owner's marker, written meanwhile
+    with pytest.raises(FencedError, match="journal offset 1"):
+        f.before_commit(0)
+
+
+def test_a_freeze_is_warned_of_once(setup, caplog):
+    f, _, clock = setup
+    f.alive()
+    clock.now += SESSION_S
+    f.before_commit(0)  # seen here, inside the turn ...
+    f.alive()  # ... not again at the next turn
+    assert sum("did not turn" in r.message for r in caplog.records) == 1
+
+
 def test_the_watch_after_a_freeze_ends(setup):
     f, journal, clock = setup
     f.alive()
