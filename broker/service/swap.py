@@ -1,9 +1,10 @@
 """The pager across a clean stop: kept, so that a restart need not page every queue out again.
 
-Loading a deep queue at start is mostly paging it out into the pager (RocksDB writes, three
-keys per message, and their compaction). At a clean stop the service pages out the windows
-too, so that the pager holds every available message, and leaves a marker saying which state
-that is: the store's place in the journal and each paging queue's ranking (broker.state.pager).
+Loading a deep queue at start is mostly paging it out into the pager (RocksDB writes, two or
+three keys per message, and their compaction). At a clean stop the service pages out the
+windows too, so that the pager holds every available message, and leaves a marker saying which
+state that is: the store's place in the journal, each paging queue's ranking and the layout of
+the pager's keys (broker.state.pager).
 The next start uses the pager as it is only when its store and its queues are still those;
 anything else (a crash, a store rebuilt from a snapshot, a queue added, removed or ranked
 differently, a queue whose restore does not page records out as stored) rebuilds it.
@@ -15,7 +16,7 @@ import logging
 from typing import Any
 
 from broker.engine.engine import Engine
-from broker.state.pager import RocksPager
+from broker.state.pager import LAYOUT, RocksPager
 
 log = logging.getLogger("kq.swap")
 
@@ -29,13 +30,16 @@ def _marker(engine: Engine, meta: dict[str, Any]) -> dict[str, Any] | None:
         if not q.restores_raw:
             return None
         queues[name] = {"ranked": q.ranked}
-    return {"offset": meta["offset"], "batch": meta["batch"], "queues": queues}
+    return {"offset": meta["offset"], "batch": meta["batch"], "queues": queues,
+            "layout": LAYOUT}
 
 
-def _state(marker: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    """What of a marker must match: the store's journal place, each queue's ranking."""
+def _state(marker: dict[str, Any]) -> tuple[Any, Any, dict[str, Any], Any]:
+    """What of a marker must match: the store's journal place, each queue's ranking, the
+    layout of the pager's keys."""
     return (marker.get("offset"), marker.get("batch"),
-            {q: v.get("ranked") for q, v in marker.get("queues", {}).items()})
+            {q: v.get("ranked") for q, v in marker.get("queues", {}).items()},
+            marker.get("layout"))
 
 
 def use_kept_pager(engine: Engine, meta: dict[str, Any]) -> bool:

@@ -9,7 +9,9 @@ it is (broker.service.swap). Opening removes the marker for good first, so after
 pager is rebuilt. Keys, each prefixed by the queue's name and a NUL:
   o ORDER      the message (its packed record and bookmark), in delivery order
   b BOOKMARK   its ORDER
-  s SEQ        its ORDER, in arrival order
+  s SEQ        its ORDER, in arrival order, for a message with a priority or a sort key
+               only: the ORDER of one without either is its SEQ (the o keys of those are
+               already in arrival order, and `by_seq` merges both)
   t AT SEQ     a timer: the bookmark of the message due at AT (expiry), earliest first
 ORDER sorts as `Message.order` does: highest priority first (NULL last), then seq; in a
 sorted queue by the sort key's kind, then its number or its UTF-8 (a NUL escaped, so a
@@ -18,6 +20,7 @@ shorter string sorts before a longer one it starts), then seq.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import shutil
@@ -74,7 +77,14 @@ def _message(data: bytes) -> Message:
     return decode_message(bm, data[start:start + size])
 
 
+def _seq_of(item: tuple[int, bytes]) -> int:
+    return item[0]
+
+
 KEPT = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
+# The keys' layout, named in the marker of a clean stop: a pager kept by a kq that laid its
+# keys out otherwise (1: an s key for every message) is rebuilt, not read.
+LAYOUT = 2
 
 
 class RocksPager:
@@ -184,7 +194,8 @@ class RocksPager:
                 lowest = key
             put(o + key, pack_len(len(packed)) + packed + bm)
             put(b + bm, key)
-            put(s + pack_seq(seq), key)
+            if not key.startswith(_NO_PRIORITY):  # (in arrival order, the o key says it)
+                put(s + pack_seq(seq), key)
         assert lowest is not None  # (items is not empty)
         self._lower(queue, o + lowest)
         self._pended(len(items))
@@ -193,7 +204,8 @@ class RocksPager:
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
         batch.delete(self._key(b"o", queue, order))
         batch.delete(self._key(b"b", queue, str(msg.bookmark).encode()))
-        batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
+        if not order.startswith(_NO_PRIORITY):
+            batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
         self._counts[queue] -= 1
 
     def get(self, queue: str, bm: Bookmark) -> Message | None:
@@ -239,17 +251,14 @@ class RocksPager:
             out.append(msg)
             first, last = first or key, key
             delete(by_bm + bm)
+            if not key.startswith(_NO_PRIORITY, len(prefix)):
+                delete(by_seq + _SEQ.pack(msg.seq))
         if not out:
             return out
         # What was taken is the front of the o keys: deleted as one range (each key written
-        # to RocksDB costs its memtable an insert, a range one). In arrival order (no
-        # priority: the o keys sort by seq) it is the front of the s keys as well.
+        # to RocksDB costs its memtable an insert, a range one). A message in arrival order
+        # has no s key.
         batch.delete_range(first, last + SEP)
-        if first.startswith(_NO_PRIORITY, len(prefix)):
-            batch.delete_range(by_seq + _SEQ.pack(out[0].seq), by_seq + _SEQ.pack(out[-1].seq + 1))
-        else:
-            for msg in out:
-                delete(by_seq + _SEQ.pack(msg.seq))
         self._counts[queue] -= len(out)
         self._db.write(batch)
         return out
@@ -273,11 +282,26 @@ class RocksPager:
         return out
 
     def by_seq(self, queue: str, after_seq: int) -> Iterator[Message]:
+        """The queue's paged-out messages after `after_seq`, in arrival order: those in
+        arrival order by their o keys, the others by their s keys, merged."""
+        for _, value in heapq.merge(self._plain_by_seq(queue, after_seq),
+                                    self._ranked_by_seq(queue, after_seq), key=_seq_of):
+            yield _message(value)
+
+    def _plain_by_seq(self, queue: str, after_seq: int) -> Iterator[tuple[int, bytes]]:
+        """(seq, o value) of the messages in arrival order (no s keys): their o keys."""
+        prefix = self._key(b"o", queue, _NO_PRIORITY)
+        start = max(self._from(queue), prefix + _SEQ.pack(after_seq + 1))
+        for key, value in self._scan(prefix, start):
+            yield _SEQ.unpack_from(key, len(prefix))[0], value
+
+    def _ranked_by_seq(self, queue: str, after_seq: int) -> Iterator[tuple[int, bytes]]:
+        """(seq, o value) of the messages with s keys, in arrival order."""
         prefix = self._key(b"s", queue, b"")
-        for _, order in self._scan(prefix, prefix + _SEQ.pack(after_seq + 1)):
+        for key, order in self._scan(prefix, prefix + _SEQ.pack(after_seq + 1)):
             data = self._db.get(self._key(b"o", queue, order))
             if data is not None:
-                yield _message(bytes(data))
+                yield _SEQ.unpack_from(key, len(prefix))[0], bytes(data)
 
     def count(self, queue: str) -> int:
         return self._counts.get(queue, 0)

@@ -68,6 +68,25 @@ def test_the_rocksdb_pager_answers_as_the_memory_one(tmp_path, seed, priorities)
     assert rocks.count("other") == 0 and rocks.take_first("other", 3) == []
 
 
+def test_a_pager_emptied_by_takes_holds_no_keys(tmp_path):
+    """What a message writes is deleted when it is taken, whichever way: in arrival order it
+    has no s key to delete, with a priority it has one (a key left behind would fill the
+    disk of a queue that runs for months)."""
+    rocks = RocksPager(tmp_path / "pager", 32 << 20)
+    msgs = []
+    for seq in range(60):
+        msg = Message(Bookmark("T", 0, seq), seq, 1000 + seq)
+        msg.priority = None if seq % 3 else seq % 7
+        msgs.append(msg)
+        rocks.put("Q", msg)
+    assert rocks.take("Q", msgs[7].bookmark) is not None  # ranked
+    assert rocks.take("Q", msgs[8].bookmark) is not None  # arrival order
+    while rocks.take_first("Q", 9):
+        pass
+    rocks._flush()
+    assert rocks.count("Q") == 0 and list(rocks._db.keys()) == []
+
+
 def test_the_rocksdb_pager_starts_empty(tmp_path):
     first = RocksPager(tmp_path / "pager", 32 << 20)
     first.put("Q", Message(Bookmark("T", 0, 1), 1, 1))

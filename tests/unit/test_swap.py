@@ -2,12 +2,13 @@
 its store and its queues are still those, and rebuilds it otherwise; either way the queue it
 loads is the stored one, in the same order."""
 
+import json
 import random
 
 from broker.engine.engine import Engine
 from broker.service.swap import keep_pager, use_kept_pager
 from broker.state.layout import META_JOURNAL, journal_meta, load_engine, load_meta
-from broker.state.pager import RocksPager
+from broker.state.pager import KEPT, LAYOUT, RocksPager
 from tests.unit.harness import queue
 from tests.unit.test_restore import NOW, picture, stored_queue
 
@@ -88,3 +89,15 @@ def test_a_pager_opened_without_reuse_starts_empty_whatever_a_stop_kept(tmp_path
     stopped(first, store)
     fresh = RocksPager(tmp_path / "pager", BUDGET)
     assert fresh.kept is None and fresh.count("Q") == 0 and fresh.first_order("Q") is None
+
+
+def test_a_pager_kept_by_a_kq_with_another_key_layout_is_rebuilt(tmp_path):
+    store, _ = stored_queue(random.Random(6), 100)
+    config = queue("Q")
+    first, _ = started(config, store, tmp_path / "pager")
+    keep_pager(first, load_meta(store))
+    marker = json.loads(bytes(first.pager._db.get(KEPT)))
+    first.pager._db.put(KEPT, json.dumps({**marker, "layout": LAYOUT - 1}).encode())
+    first.pager.close()
+    second, kept = started(config, store, tmp_path / "pager")
+    assert not kept and picture(second) == reference(config, store)
