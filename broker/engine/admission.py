@@ -134,9 +134,9 @@ def ring_victim(q: QueueState) -> Message | None:
         return min((m for m in q.available.values() if not m.is_barrier),
                    key=lambda m: m.seq, default=None)
     # ranked ring queues are not paged: every available message is in `available`
-    lowest = next((m.order[0] for m in reversed(q.available.values())
-                   if not m.is_barrier), None)
+    lowest = next((m.order[0] for m in q.available.values_reversed() if not m.is_barrier),
+                  None)
     if lowest is None:
         return None
-    start = q.available.bisect_left((lowest, -1))
-    return next((m for m in q.available.values()[start:] if not m.is_barrier), None)
+    return next((m for k in q.available.keys_from((lowest, -1))
+                 if not (m := q.available[k]).is_barrier), None)

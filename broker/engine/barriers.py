@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from mypy_extensions import trait
 from sortedcontainers import SortedDict
 
+from broker.engine.ordered import OrderIndex
 from broker.expr import compile_expression
 from broker.values import Bookmark
 
@@ -91,7 +92,7 @@ class BehindBarriers:
         # rule and are in neither), and the others gathered by the nearest barrier before
         # them (barrier seq -> bookmark -> message). When a barrier leaves, what it gathered
         # joins the one before it, or `ahead`: each message moves once per barrier.
-        self.ahead: SortedDict | None = SortedDict() if self.ranked and expression else None
+        self.ahead: OrderIndex | None = OrderIndex() if self.ranked and expression else None
         self.behind: dict[int, dict[Bookmark, Message]] = {}
         # Barrier queues: how many unfinished messages each barrier waits for
         self.waits: BarrierWaits | None = BarrierWaits() if expression else None

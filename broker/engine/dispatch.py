@@ -227,7 +227,7 @@ class Dispatcher(EnginePart):
         out) from where the last walk stopped, round and round, so a deep queue costs the
         same per step and a match at its back is found within a few rounds. Then the
         barrier, if everything before it is finished. True when a barrier was sent."""
-        front = list(q.available.values()[:WALK_FRONT])
+        front = q.available.first_values(WALK_FRONT)
         if self._walk(q, subs, barrier, front, now):
             # after the front, and after where the last walk stopped
             marks = [o for o in (front[-1].order if front else None, q.clock_scan)
@@ -235,8 +235,7 @@ class Dispatcher(EnginePart):
             start = max(marks) if marks else None
             on: list[Message] = []
             if start is None or (q.available and start < q.available.peekitem(-1)[0]):
-                keys = (iter(q.available) if start is None
-                        else q.available.irange(start, inclusive=(False, True)))
+                keys = iter(q.available) if start is None else q.available.keys_after(start)
                 on = [q.available[k] for _, k in zip(range(WALK_ON), keys, strict=False)]
             if len(on) < WALK_ON and q.paged and q.pager is not None:
                 after = on[-1].order if on else start

@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sortedcontainers import SortedDict
-
 from broker.engine.states import MessageState
 from broker.expr import Doc, Expression
 from broker.values import Bookmark
@@ -199,17 +197,3 @@ class Stamps:
         while heap and heap[0] not in counts:
             heapq.heappop(heap)
         return heap[0] if heap else None
-
-
-# sortedcontainers keeps its keys in sublists of up to twice this many (1,000 by default). A
-# queue takes from the front and adds at the back, and each of those moves half a sublist in
-# memory: with 20,000 keys, a pop from the front and an insert at the back took 15-25% less
-# time with sublists of 300 (a smaller load makes the index above the sublists grow instead).
-QUEUE_LOAD = 300
-
-
-def queue_index() -> SortedDict:
-    """A SortedDict for messages in delivery order, sized for taking from its front."""
-    index = SortedDict()
-    index._list._reset(QUEUE_LOAD)
-    return index

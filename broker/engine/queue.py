@@ -18,7 +18,8 @@ from broker.config import QueueConfig
 from broker.engine.barriers import BehindBarriers
 from broker.engine.groups import MessageGroups
 from broker.engine.holding import Holding
-from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription, queue_index
+from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
+from broker.engine.ordered import OrderIndex
 from broker.engine.ordering import ByArrival, BySortKey, ordering_of
 from broker.engine.paging import Pager
 from broker.engine.states import TERMINAL, MessageState, next_state
@@ -56,7 +57,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.filter_scan: dict[str, Any] = {}
         # Every unfinished message held in memory (all but the paged-out available ones).
         self.messages: dict[Bookmark, Message] = {}
-        self.available: SortedDict = queue_index()  # Message.order -> Message, in memory
+        self.available = OrderIndex()  # Message.order -> Message, in memory
         # Held until their not_before_ms (broker.engine.holding), in `messages` too
         self.held: dict[Bookmark, Message] = {}
         self.hold_timers: list[tuple[int, int, Bookmark]] = []
@@ -111,7 +112,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
                 or self.group_expr is not None)
 
     @property
-    def dispatchable(self) -> SortedDict:
+    def dispatchable(self) -> OrderIndex:
         """The available messages dispatch may take now, in delivery order (`order` ->
         message): all of them, or in a priority queue holding barriers those ahead of
         every barrier (in other queues the order is the arrival order, so dispatch stops

@@ -20,6 +20,7 @@ from sortedcontainers import SortedDict
 from broker.config import QueueConfig
 from broker.engine.barriers import BarrierWaits
 from broker.engine.message import Ascending, Message, QueueStats, Stamps
+from broker.engine.ordered import OrderIndex
 from broker.engine.ordering import NUMBER, STRING, BySortKey
 from broker.engine.paging import Pager
 from broker.engine.states import MessageState
@@ -46,7 +47,7 @@ class Window:
     group_scan: Any
     group_seen: set[str]
     messages: dict[Bookmark, Message]
-    available: SortedDict
+    available: OrderIndex
     barriers: SortedDict
     waits: BarrierWaits | None
     stats: QueueStats
@@ -105,9 +106,6 @@ class Window:
     def _evict(self) -> None:
         """Too many available messages in memory: page out the last ones."""
         while len(self.available) - len(self.barriers) > self.window:
-            # (from the end, by a negative position: a positive one past the first sublist
-            # makes sortedcontainers build a positional index, then keep it up to date on
-            # every insert and delete until the next split)
             i = -1
             while self.available.peekitem(i)[1].is_barrier:
                 i -= 1
