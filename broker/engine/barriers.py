@@ -81,7 +81,7 @@ class BehindBarriers:
     (`behind`), and those no barrier precedes (`ahead`, the only ones dispatch may take)."""
 
     ranked: bool
-    matching: dict[str, SortedDict]
+    matching: dict[str, OrderIndex]
     fresh: list[Message]
 
     def _init_barriers(self, expression: str | None) -> None:

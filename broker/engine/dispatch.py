@@ -8,10 +8,10 @@ from __future__ import annotations
 from itertools import islice
 
 from mypy_extensions import trait
-from sortedcontainers import SortedDict
 
 from broker.engine.effects import Deliver
 from broker.engine.fairness import PICKERS
+from broker.engine.ordered import OrderIndex
 from broker.engine.part import EnginePart
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.states import MessageState
@@ -214,9 +214,11 @@ class Dispatcher(EnginePart):
         for text, expr in wanted.items():
             if text not in q.matching:
                 q.filter_scan[text] = None
-                q.matching[text] = SortedDict(
-                    (order, m) for order, m in q.dispatchable.items() if not m.is_barrier
-                    and (doc := self.doc_of(q, m)) is not None and expr.matches(doc))
+                found = q.matching[text] = OrderIndex()
+                for order, m in q.dispatchable.items():
+                    if (not m.is_barrier and (doc := self.doc_of(q, m)) is not None
+                            and expr.matches(doc)):
+                        found[order] = m
 
     def _dispatch_walking(self, q: QueueState, subs: list[Subscription],
                           barrier: Message | None, now: int) -> bool:

@@ -1,4 +1,5 @@
-"""`OrderIndex`: a queue's available messages by delivery order (`Message.order` -> message).
+"""`OrderIndex`: a queue's available messages by delivery order (`Message.order` -> message),
+and those each subscriber's filter matches.
 
 A queue takes from the front of this index and adds at the back, a few times per message, so
 it is on every message's path. sortedcontainers' SortedDict did the job as interpreted Python

@@ -12,8 +12,6 @@ import heapq
 from collections.abc import Iterator
 from typing import Any
 
-from sortedcontainers import SortedDict
-
 from broker.config import QueueConfig
 from broker.engine.barriers import BehindBarriers
 from broker.engine.groups import MessageGroups
@@ -81,7 +79,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         # finds its next message without walking the queue. Kept by the dispatcher: messages
         # made available since it last looked wait in `fresh`; a message leaving the
         # available ones leaves every index at once.
-        self.matching: dict[str, SortedDict] = {}
+        self.matching: dict[str, OrderIndex] = {}
         self.fresh: list[Message] = []
         self.clock_checked_ms = 0  # when filters reading NOW() last looked again
         self.clock_scan: Any = None  # where their walk beyond the front goes on (an order)
