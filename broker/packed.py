@@ -19,11 +19,11 @@ import sys
 from array import array
 from collections.abc import Iterable
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
-PAYLOAD_TAG = b"\xc3\x03"
-_HEAD = struct.Struct("<2sqiiH")
-_HEADER = struct.Struct("<Hi")
+PAYLOAD_TAG: Final = b"\xc3\x03"
+_HEAD: Final = struct.Struct("<2sqiiH")
+_HEADER: Final = struct.Struct("<Hi")
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -73,25 +73,31 @@ def is_packed_payload(data: bytes) -> bool:
 # A queued message's record (broker.state.layout.encode_message): written at every lease and
 # return. MESSAGE_TAG cannot start an Avro record kq wrote (wire.MARKER or a small zigzag
 # long), so records of earlier versions are still read.
-MESSAGE_TAG = b"\xc3\x02"
-MESSAGE = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
-HAS_DEADLINE, HAS_PRIORITY, BARRIER, HAS_HOLDER, HAS_EXPIRY, HELD, HAS_SIZE, SORTED = (
-    1, 2, 4, 8, 16, 32, 64, 128)
+MESSAGE_TAG: Final = b"\xc3\x02"
+MESSAGE: Final = struct.Struct("<2sqqBiiqdB")  # tag seq ts state dc cc deadline priority flags
+HAS_DEADLINE: Final = 1
+HAS_PRIORITY: Final = 2
+BARRIER: Final = 4
+HAS_HOLDER: Final = 8
+HAS_EXPIRY: Final = 16
+HELD: Final = 32
+HAS_SIZE: Final = 64
+SORTED: Final = 128
 # A record with flags beyond one byte has its own tag and two bytes of flags (the others
 # stay as they were, byte for byte).
-WIDE_TAG = b"\xc3\x04"
-WIDE = struct.Struct("<2sqqBiiqdH")
-GROUPED = 256
+WIDE_TAG: Final = b"\xc3\x04"
+WIDE: Final = struct.Struct("<2sqqBiiqdH")
+GROUPED: Final = 256
 # After the fixed part, each when flagged: its own expiry (HAS_EXPIRY), the moment it is
 # held until (HELD), its size (HAS_SIZE), its sort key (SORTED: the kind, then a number, or
 # a string's length and UTF-8), its group (GROUPED: length and UTF-8)
-GROUP = struct.Struct("<i")
-EXPIRY = struct.Struct("<q")
-NOT_BEFORE = struct.Struct("<q")
-SIZE = struct.Struct("<q")
-SORT_NUMBER = struct.Struct("<Bd")
-SORT_TEXT = struct.Struct("<Bi")
-AVAILABLE_CODE = 0  # the first of broker.engine.states.MessageState
+GROUP: Final = struct.Struct("<i")
+EXPIRY: Final = struct.Struct("<q")
+NOT_BEFORE: Final = struct.Struct("<q")
+SIZE: Final = struct.Struct("<q")
+SORT_NUMBER: Final = struct.Struct("<Bd")
+SORT_TEXT: Final = struct.Struct("<Bi")
+AVAILABLE_CODE: Final = 0  # the first of broker.engine.states.MessageState
 
 
 def message_head(data: bytes) -> tuple[int, int, int, float | None, bool] | None:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Final
 
 # Client names become topic names (PREFIX.deliver.NAME): the characters Kafka allows.
-CLIENT_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+CLIENT_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 # The request id of a reply to no request: news the service sends a client on its own (a
 # subscription it dropped); clients that do not know notices ignore it as a reply nobody awaits.
-NOTICE = ""
+NOTICE: Final = ""
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -36,11 +36,11 @@ from broker.values import CLIENT_NAME, NOTICE, Duration
 
 log = logging.getLogger("kq.client")
 
-ACK_BATCH = 200  # acks carried by one command at most
-OWN_TOPIC_NEEDED = "own command topic"  # in the service's refusal of a shared-topic command
+ACK_BATCH: Final = 200  # acks carried by one command at most
+OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
 # deliveries a subscription remembers to drop a copy sent again after a crash (at least
 # this many, at most twice as many)
-RECEIVED_KEPT = 10_000
+RECEIVED_KEPT: Final = 10_000
 
 
 class LeaseLost(CommandError):

@@ -18,7 +18,7 @@ and what it decides is journaled like everything else:
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import trait
 
@@ -29,7 +29,7 @@ from broker.engine.states import MessageState
 from broker.engine.transitions import Reason
 from broker.expr import Doc
 
-RESUME_AT = 0.8  # flow-control resumes at or below this share of every limit
+RESUME_AT: Final = 0.8  # flow-control resumes at or below this share of every limit
 
 
 def lvq_value(value: Any) -> Any:

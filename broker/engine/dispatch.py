@@ -6,6 +6,7 @@ A part of the engine (its base class), kept apart because it is the one hot loop
 from __future__ import annotations
 
 from itertools import islice
+from typing import Final
 
 from mypy_extensions import trait
 
@@ -21,17 +22,17 @@ from broker.values import Bookmark
 
 # Copies one browser is sent per engine step: a browser of a deep queue is caught up over
 # several batches instead of one huge one.
-BROWSE_BATCH = 500
+BROWSE_BATCH: Final = 500
 # Paged-out messages one filter looks at per dispatch, when nothing in memory matches it: a
 # filter matching little on a deep queue is served over several ticks, never stalling one.
-PAGED_SCAN = 1_000
+PAGED_SCAN: Final = 1_000
 # Messages a dispatch for filters reading the clock looks at: the first ones, and a further
 # stretch of the rest (see `_dispatch_walking`).
-WALK_FRONT = 500
-WALK_ON = 500
+WALK_FRONT: Final = 500
+WALK_ON: Final = 500
 # Heads of message groups a filtered subscription looks at per dispatch, in its own groups
 # and in the free ones (broker.engine.groups).
-GROUP_LOOK = 1_000
+GROUP_LOOK: Final = 1_000
 
 
 @trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)

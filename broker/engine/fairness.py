@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from broker.engine.queue import Subscription
 
@@ -41,7 +42,7 @@ def pick_proportional(subs: Sequence[Subscription], last: str | None) -> Subscri
     return best
 
 
-PICKERS = {
+PICKERS: Final = {
     "fast": pick_fast,
     "round-robin": pick_round_robin,
     "proportional": pick_proportional,

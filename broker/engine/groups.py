@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, Final
 
 from mypy_extensions import trait
 from sortedcontainers import SortedDict
@@ -38,7 +38,7 @@ from broker.config import QueueConfig
 from broker.engine.message import Message
 from broker.expr import Doc, compile_expression
 
-NO_GROUP = "kq.no-group"  # shared mode: the group of messages without one (Qpid's default)
+NO_GROUP: Final = "kq.no-group"  # shared mode: the group of messages without one (Qpid's default)
 
 
 def group_name(value: Any) -> str | None:

@@ -18,10 +18,11 @@ with the message, so a restart holds it just as long.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from broker.config import QueueConfig
 
-NOT_BEFORE_HEADER = "kq-not-before"
+NOT_BEFORE_HEADER: Final = "kq-not-before"
 
 
 def hold_until(config: QueueConfig, now: int, headers: Mapping[str, bytes | None]) -> int | None:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from broker.config import QueueConfig
 from broker.expr import Doc, Expression, compile_expression
 from broker.expr.compiler import as_number
 
-PRIORITY_HEADER = "kq-priority"
-JMS_DEFAULT_PRIORITY = 4
+PRIORITY_HEADER: Final = "kq-priority"
+JMS_DEFAULT_PRIORITY: Final = 4
 
 Headers = Mapping[str, bytes | None]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 from broker.config import QueueConfig
 from broker.engine.barriers import BehindBarriers
@@ -29,8 +29,8 @@ from broker.values import Bookmark
 
 # Removals that copy nothing to the dead-letter topic: a barrier leaves once sent, a reset
 # starts the queue again from its recovery point, and a last value is replaced by design.
-NOT_DEAD_LETTERED = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value,
-                               Reason.REPLACED.value})
+NOT_DEAD_LETTERED: Final = frozenset({Reason.BARRIER_SENT.value, Reason.RESET.value,
+                                      Reason.REPLACED.value})
 
 
 class QueueState(Window, Holding, BehindBarriers, MessageGroups):

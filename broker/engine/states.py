@@ -8,6 +8,7 @@ kept: the message leaves the queue's state when it reaches one.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Final
 
 from broker.errors import IllegalTransitionError
 
@@ -32,7 +33,7 @@ class Action(StrEnum):
 
 S, A = MessageState, Action
 
-TRANSITIONS: dict[tuple[MessageState | None, Action], MessageState] = {
+TRANSITIONS: Final[dict[tuple[MessageState | None, Action], MessageState]] = {
     (None, A.ENQUEUE): S.AVAILABLE,
     (S.AVAILABLE, A.LEASE): S.LEASED,
     (S.AVAILABLE, A.SEND): S.SENT,
@@ -45,7 +46,7 @@ TRANSITIONS: dict[tuple[MessageState | None, Action], MessageState] = {
     (S.SENT, A.RELEASE): S.REMOVED,
 }
 
-TERMINAL = frozenset({S.ACKED, S.REMOVED})
+TERMINAL: Final = frozenset({S.ACKED, S.REMOVED})
 
 
 def next_state(state: MessageState | None, action: Action) -> MessageState:

@@ -7,6 +7,7 @@ A part of the engine (its base class): each timer is a heap with lazy invalidati
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from mypy_extensions import trait
 
@@ -18,10 +19,10 @@ from broker.engine.transitions import Reason
 from broker.values import NOTICE, Bookmark
 
 # How often the available messages are checked again for filters that read the clock.
-CLOCK_RECHECK_MS = 100
+CLOCK_RECHECK_MS: Final = 100
 # Paged-out messages that expire per tick at most (a deep queue expiring all at once is
 # emptied over several ticks, never stalling one)
-EXPIRE_BATCH = 5_000
+EXPIRE_BATCH: Final = 5_000
 
 
 @trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)

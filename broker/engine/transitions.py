@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
 
 from broker.engine.states import Action
 from broker.values import Bookmark
@@ -31,7 +32,7 @@ class Kind(StrEnum):
 
 
 # The message action each message-level kind performs.
-ACTION_OF: dict[Kind, Action] = {
+ACTION_OF: Final[dict[Kind, Action]] = {
     Kind.ENQUEUED: Action.ENQUEUE,
     Kind.LEASED: Action.LEASE,
     Kind.SENT: Action.SEND,

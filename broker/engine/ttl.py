@@ -13,10 +13,11 @@ reaches the messages already queued. Any other gets its own, journaled and store
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 from broker.config import QueueConfig
 
-EXPIRATION_HEADER = "kq-expiration"
+EXPIRATION_HEADER: Final = "kq-expiration"
 
 
 def own_expiry(config: QueueConfig, timestamp_ms: int,

@@ -13,7 +13,7 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from sortedcontainers import SortedDict
 
@@ -28,7 +28,7 @@ from broker.expr import Expression
 from broker.packed import AVAILABLE_CODE, message_head
 from broker.values import Bookmark
 
-RESTORE_PAGE_OUT = 10_000  # paged out together while a queue is restored
+RESTORE_PAGE_OUT: Final = 10_000  # paged out together while a queue is restored
 
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
 # refilled below half of it): the rest wait in the pager.

@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from typing import Final
 
 from confluent_kafka import KafkaException, Producer
 
@@ -81,8 +82,8 @@ __all__ = ["Committer", "OutRecord", "Outbox", "latest_cursors"]
 
 log = logging.getLogger("kq.commit")
 
-STEPS = ("copies", "journal", "deliveries", "state")
-TRANSITIONS_PER_PART = 2000
+STEPS: Final = ("copies", "journal", "deliveries", "state")
+TRANSITIONS_PER_PART: Final = 2000
 
 
 @dataclass

@@ -11,6 +11,7 @@ next one started.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from broker import wire
 from broker.packed import pack_array
@@ -18,8 +19,8 @@ from broker.service.commit import OutRecord
 
 # What an envelope adds around its payloads, and each delivery (bookmark, counts): generous,
 # so a pack always stays under the record size limit.
-ENVELOPE_OVERHEAD = 1024
-DELIVERY_OVERHEAD = 512
+ENVELOPE_OVERHEAD: Final = 1024
+DELIVERY_OVERHEAD: Final = 512
 
 
 @dataclass

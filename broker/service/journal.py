@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, Final
 
 from broker.engine.transitions import Kind, Transition
 from broker.packed import pack_array, unpack_array
@@ -94,7 +94,7 @@ class BatchAssembler:
 # byte per row saying whether it is set. Packing and unpacking are C loops (`array`), not a
 # Python step per field, and a reader can hand the buffers to Arrow as they are. Parts of
 # version 1 list the transitions as records under "transitions" and are read as before.
-COLUMNS: tuple[tuple[str, str], ...] = (
+COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("kind", "str"), ("queue", "str"), ("at_ms", "int64"), ("bookmark", "str"),
     ("sub_id", "str"), ("client", "str"), ("delivery_count", "int32"),
     ("cancel_count", "int32"), ("deadline_ms", "int64?"), ("reason", "str"), ("seq", "int64"),
@@ -102,11 +102,11 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("priority", "double?"), ("barrier", "bool"), ("browse", "bool"), ("principal", "str"),
     # (added later: empty in older parts, read as all NULL)
     ("not_before_ms", "int64?"), ("size", "int64?"), ("sort_text", "str"), ("group", "str"))
-_CODE = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
+_CODE: Final = {"str": "i", "int32": "i", "int64": "q", "int64?": "q", "double?": "d"}
 
 
-_ROW = attrgetter(*(name for name, _ in COLUMNS))  # one C call per row, not one per field
-_NULL_INDEX = pack_array("i", [-1])
+_ROW: Final = attrgetter(*(name for name, _ in COLUMNS))  # one C call per row, not one per field
+_NULL_INDEX: Final = pack_array("i", [-1])
 
 
 def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:

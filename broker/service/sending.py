@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -15,9 +15,9 @@ from broker.errors import DeliveryFailedError, FencedError
 
 # A transactional producer refused because a newer one with its id started: a new owner of
 # the shard (librdkafka's local code, then the brokers' two)
-FENCED = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-FLUSH_TIMEOUT_S = 15.0
-ABORT_PROBE_S = 5.0
+FENCED: Final = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+FLUSH_TIMEOUT_S: Final = 15.0
+ABORT_PROBE_S: Final = 5.0
 
 Headers = list[tuple[str, bytes | None]]
 

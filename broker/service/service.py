@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError
 from confluent_kafka import Message as KafkaMessage
@@ -62,11 +62,11 @@ from broker.values import NOTICE, Bookmark
 
 log = logging.getLogger("kq.service")
 
-BATCH_SIZE = 1000
-SLOW_BATCH_S = 0.5
-DEAF_S = 0.5  # a loop turn later: the time beyond it is not the clients' silence (Engine.deaf_for)
-DEFAULT_MAX_MESSAGE_BYTES = 1_000_000  # librdkafka's and Kafka's default record size limit
-ENVELOPE_ALLOWANCE = 4096  # what the delivery envelope adds around a record
+BATCH_SIZE: Final = 1000
+SLOW_BATCH_S: Final = 0.5
+DEAF_S: Final = 0.5  # a loop turn later: beyond it, not the clients' silence (Engine.deaf_for)
+DEFAULT_MAX_MESSAGE_BYTES: Final = 1_000_000  # librdkafka's and Kafka's default record size limit
+ENVELOPE_ALLOWANCE: Final = 4096  # what the delivery envelope adds around a record
 
 
 def now_ms() -> int:

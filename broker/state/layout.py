@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from broker import wire
 from broker.engine.engine import Engine
@@ -52,10 +52,10 @@ from broker.packed import (
 from broker.state.store import Store
 from broker.values import Bookmark
 
-SEP = b"\x00"
-FINISHING = frozenset({Kind.ACKED, Kind.REMOVED, Kind.RELEASED})
-META_JOURNAL = b"meta" + SEP + b"journal"
-_UNKNOWN: Any = object()  # a transition added without its message: look it up
+SEP: Final = b"\x00"
+FINISHING: Final = frozenset({Kind.ACKED, Kind.REMOVED, Kind.RELEASED})
+META_JOURNAL: Final = b"meta" + SEP + b"journal"
+_UNKNOWN: Final[Any] = object()  # a transition added without its message: look it up
 
 
 # (built as text and encoded once: written for every message several times)
@@ -125,8 +125,8 @@ class Payload:
 
 # A queued message's record is packed with struct, not Avro (a few times cheaper; the layout
 # is in broker.packed).
-_STATES = tuple(MessageState)
-_STATE_CODE = {s: i for i, s in enumerate(_STATES)}
+_STATES: Final = tuple(MessageState)
+_STATE_CODE: Final = {s: i for i, s in enumerate(_STATES)}
 assert _STATES[AVAILABLE_CODE] is MessageState.AVAILABLE
 
 

@@ -27,7 +27,7 @@ import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
@@ -36,12 +36,12 @@ from broker.state.layout import decode_message, encode_message
 from broker.state.rocks import bounded_options
 from broker.values import Bookmark
 
-SEP = b"\x00"
-_SEQ = struct.Struct(">q")
-_LEN = struct.Struct("<H")
-PENDING_LIMIT = 4096  # puts held back before they are written
+SEP: Final = b"\x00"
+_SEQ: Final = struct.Struct(">q")
+_LEN: Final = struct.Struct("<H")
+PENDING_LIMIT: Final = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
-_NO_PRIORITY = b"\x01" + bytes(8)  # order_key's head for a message without a priority
+_NO_PRIORITY: Final = b"\x01" + bytes(8)  # order_key's head for a message without a priority
 
 
 def order_key(order: tuple[Any, int]) -> bytes:
@@ -58,7 +58,7 @@ def order_key(order: tuple[Any, int]) -> bytes:
     return b"\x00" + _double(first) + _SEQ.pack(seq)
 
 
-_BITS = struct.Struct(">Q")  # a double's 64 bits, big-endian
+_BITS: Final = struct.Struct(">Q")  # a double's 64 bits, big-endian
 
 
 def _double(value: float) -> bytes:
@@ -81,10 +81,10 @@ def _seq_of(item: tuple[int, bytes]) -> int:
     return item[0]
 
 
-KEPT = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
+KEPT: Final = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
 # The keys' layout, named in the marker of a clean stop: a pager kept by a kq that laid its
 # keys out otherwise (1: an s key for every message) is rebuilt, not read.
-LAYOUT = 2
+LAYOUT: Final = 2
 
 
 class RocksPager:

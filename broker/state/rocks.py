@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Final
 
 from rocksdict import (
     AccessType,
@@ -18,7 +19,7 @@ from rocksdict import (
 
 from broker.errors import StateError
 
-DEFAULT_MEMORY_BUDGET = 64 * 1024 * 1024
+DEFAULT_MEMORY_BUDGET: Final = 64 * 1024 * 1024
 
 
 def bounded_options(memory_budget: int) -> Options:

@@ -17,13 +17,13 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
 
 from broker import wire
 
-CHUNK_BYTES = 512 * 1024  # well under Kafka's default 1 MB record limit
-COMPLETE = "complete"
-_U32 = struct.Struct("<I")
+CHUNK_BYTES: Final = 512 * 1024  # well under Kafka's default 1 MB record limit
+COMPLETE: Final = "complete"
+_U32: Final = struct.Struct("<I")
 
 
 def new_id(journal_offset: int) -> str:
