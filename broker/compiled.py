@@ -1,7 +1,8 @@
 """The modules `make compile` builds with mypyc: where `kq serve` spends its CPU per message
 (the queue engine, the state's encoding and paging, the commands, journal and envelope
-encodings). Their Python source stays the source of truth: without a build, or after
-`make pure`, the same modules run as Python, with the same behaviour.
+encodings, what the service reads of each record and for which queues). Their Python source
+stays the source of truth: without a build, or after `make pure`, the same modules run as
+Python, with the same behaviour.
 
 A compiled module is a C extension beside its source (`broker/engine/queue.cpython-311-...so`
 beside `queue.py`), which Python imports first; a build left behind would therefore hide
@@ -23,10 +24,13 @@ SOURCES = [
     "broker/state",
     "broker/values.py",
     "broker/packed.py",
+    "broker/kafka/records.py",
     "broker/service/commands.py",
     "broker/service/commit.py",
     "broker/service/envelopes.py",
+    "broker/service/inputs.py",
     "broker/service/journal.py",
+    "broker/service/routing.py",
     "broker/service/sending.py",
     "broker/service/service.py",
     "broker/client/core.py",

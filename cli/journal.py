@@ -24,6 +24,7 @@ from broker.history.replay import ReplayCounts, replay
 from broker.history.times import moment_ms
 from broker.kafka import clients
 from broker.kafka.fetch import fetch_records
+from broker.kafka.records import headers_of
 from broker.values import Bookmark
 from cli.common import (
     EXIT_USAGE,
@@ -316,7 +317,7 @@ def _replay_here(src: Source, names: list[str], to: str, to_partitions: int, exp
     with _progress(spans, "replaying") as progress:
         found = reading.topic_records(c, spans, since_ms, until_ms, expr, progress)
         counts = replay(producer, ((r.topic(), r.partition(), r.offset(), r.key(), r.value(),
-                                    clients.headers_of(r)) for r in found),
+                                    headers_of(r)) for r in found),
                         to, to_partitions, dry_run)
     c.close()
     return counts

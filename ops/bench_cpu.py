@@ -35,6 +35,7 @@ from broker.engine import events as ev  # noqa: E402
 from broker.engine.transitions import Kind  # noqa: E402
 from broker.service.commit import Committer  # noqa: E402
 from broker.service.envelopes import Envelopes  # noqa: E402
+from broker.service.inputs import Inputs  # noqa: E402
 from broker.service.memory import calm_collector  # noqa: E402
 from broker.service.service import Service, _Batch  # noqa: E402
 from broker.state.layout import Payload  # noqa: E402
@@ -101,16 +102,6 @@ class _Record:
         return (1, int(time.time() * 1000))
 
 
-class _Inputs:
-    positions: dict[Any, int] = {}
-
-    def resume(self, _queue: str) -> None:
-        pass
-
-    def of_queue(self, _queue: str) -> list[Any]:
-        return []
-
-
 def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
     """A shard's service on RocksDB in `tmp`, without Kafka; and a record of what it
     delivers, by subscription (filled by `_commit`)."""
@@ -124,7 +115,9 @@ def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
     svc._store = store
     svc._committer = Committer(_Kafka(), store, svc.engine, "kq.journal",  # type: ignore[arg-type]
                                next_batch=0)
-    svc.inputs = _Inputs()  # type: ignore[assignment]
+    # what the service reads, without consumers (the loop that polls them is not run here)
+    svc.inputs = Inputs(None, None, None, svc.router, svc.engine,  # type: ignore[arg-type]
+                        ["kq.commands"], {})
     calm_collector()  # as a shard does once it is ready
     return svc, {}
 

@@ -17,8 +17,8 @@ from broker.errors import KqError
 from broker.expr import Doc, Expression
 from broker.history.journal import Row, rows_in
 from broker.kafka import clients
-from broker.kafka.clients import headers_of
 from broker.kafka.ranges import real_ends, records
+from broker.kafka.records import headers_of
 
 # Told, as reading goes, how far it got: (topic, partition, records read so far).
 Progress = Callable[[str, int, int], None]

@@ -11,7 +11,6 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
-    Message,
     Producer,
     TopicPartition,
 )
@@ -19,7 +18,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetS
 
 from broker.errors import ConfigError, KafkaUnavailableError
 from broker.kafka import stats
-from broker.values import Bookmark
 
 log = logging.getLogger("kq.kafka")
 
@@ -359,17 +357,3 @@ def take(c: Consumer, max_records: int, timeout: float) -> list[Any]:
     if first is None:
         return []
     return [first, *c.consume(max_records - 1, 0)] if max_records > 1 else [first]
-
-
-def bookmark_of(rec: Message) -> Bookmark:
-    """The bookmark TOPIC/PARTITION/OFFSET of a consumed record."""
-    topic, partition, offset = rec.topic(), rec.partition(), rec.offset()
-    assert topic is not None and partition is not None and offset is not None
-    return Bookmark(topic, partition, offset)
-
-
-def headers_of(rec: Message) -> list[tuple[str, bytes | None]]:
-    """A record's headers as (name, bytes) pairs, whatever form the client returned."""
-    raw = rec.headers() or []
-    pairs = raw.items() if isinstance(raw, dict) else raw
-    return [(str(k), v.encode() if isinstance(v, str) else v) for k, v in pairs]

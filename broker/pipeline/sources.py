@@ -32,8 +32,8 @@ from broker.history.journal import FIELDS, whole_batches
 from broker.history.reading import doc_of
 from broker.history.times import moment_ms
 from broker.kafka import clients
-from broker.kafka.clients import headers_of
 from broker.kafka.ranges import real_ends, records
+from broker.kafka.records import headers_of
 from broker.service.journal import COLUMNS
 
 JOURNAL_TYPES = {

@@ -18,8 +18,9 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.engine.transitions import Kind, Transition
 from broker.errors import StateError
-from broker.kafka.clients import headers_of, take
+from broker.kafka.clients import take
 from broker.kafka.fetch import fetch_records
+from broker.kafka.records import headers_of
 from broker.service.journal import BatchAssembler, Part, transitions_in
 from broker.service.memory import collector_paused
 from broker.service.snapshots import restore

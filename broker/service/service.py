@@ -38,6 +38,7 @@ from broker.engine.transitions import Reason, Transition
 from broker.errors import CommandError, StateError
 from broker.formats import load_schema
 from broker.kafka import clients
+from broker.kafka.records import bookmark_of, headers_of
 from broker.service.commands import Invalid, Query, decode_command, shard_elsewhere
 from broker.service.commit import Committer, Outbox, OutRecord
 from broker.service.copies import dead_letter_copy, flow_event
@@ -102,9 +103,8 @@ class Service:
         self._batch_payloads: dict[Bookmark, Payload] = {}
         self._deliver_topic = functools.lru_cache(4096)(self.topics.deliver)  # named once
         self._store = store
-        # command topic -> who sent what is on it. Without [auth] nobody needs to be known
-        # (None). With it, each principal has its own topic and the shared one vouches for
-        # nobody (""): a claim written inside a record is never believed.
+        # command topic -> who sent what is on it: nobody known without [auth] (None); with
+        # it, each principal's own topic, and nobody ("") on the shared one.
         self._command_topics: dict[str, str | None] = {
             self.topics.commands: "" if config.auth else None,
             **{self.topics.commands_of(p): p for p in config.auth}}
@@ -244,7 +244,7 @@ class Service:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error: %s", err.str())
                 continue
-            bm = clients.bookmark_of(rec)
+            bm = bookmark_of(rec)
             readers = [r for r in self.inputs.readers(bm.topic)
                        if self.inputs.is_new(r, bm.topic, bm.partition, bm.offset)]
             for reader in readers:
@@ -289,7 +289,7 @@ class Service:
                        batch: _Batch) -> None:
         queues = [r for r in readers if r != SERVICE]
         target = self.router.forward_target(bm.topic) if SERVICE in readers else None
-        headers = clients.headers_of(rec)
+        headers = headers_of(rec)
         if target is not None:
             forwarded = [*headers, ("kq-forwarded-from", str(bm).encode())]
             batch.outbox.copies.append(OutRecord(target, rec.value(), rec.key(), forwarded))
@@ -311,7 +311,7 @@ class Service:
         elsewhere = shard_elsewhere(self.config, self.engine.queues, rec.value())
         if elsewhere is not None:  # passed on, with the rest of the batch (commit step 1)
             batch.outbox.copies.append(OutRecord(rec.topic() or "", rec.value(), rec.key(),
-                                                 clients.headers_of(rec), partition=elsewhere))
+                                                 headers_of(rec), partition=elsewhere))
             return
         for item in decode_command(rec.value(), principal):
             if isinstance(item, Invalid):
