@@ -269,8 +269,11 @@ class QueueClient:
     def _subscribe_again(self) -> None:
         """Subscribe again what the service dropped, with the same id and what it asked
         for. A refusal ends the subscription (its messages() raises it); no answer (no owner
-        for the shard just now) is tried again at the next heartbeat."""
+        for the shard just now) is tried again at the next heartbeat. Ends quietly when the
+        client is closed meanwhile (its consumer with it)."""
         for sub in self.core.lost():
+            if self._closed.is_set():
+                return
             try:
                 self._subscribe(sub)
             except CommandError as exc:
@@ -279,6 +282,10 @@ class QueueClient:
                 self.core.subs.pop(sub.sub_id, None)
             except KqError as exc:
                 log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
+            except RuntimeError:  # confluent-kafka's "Consumer closed"
+                if self._closed.is_set():
+                    return
+                raise
             else:
                 log.warning("subscribed again to %s", sub.queue)
 
