@@ -13,7 +13,7 @@ from the front deletes from the first: each moves at most one sublist's pointers
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 # Sublists of up to twice this many keys: with 20,000 keys, taking from the front and adding at
@@ -128,23 +128,19 @@ class OrderIndex:
 
     def keys_after(self, key: Any) -> Iterator[Any]:
         """The keys above `key`, in order."""
-        lists = self._lists
-        i = bisect_right(self._maxes, key)
-        if i == len(lists):
-            return
-        keys = lists[i]
-        yield from keys[bisect_right(keys, key):]
-        for n in range(i + 1, len(lists)):
-            yield from lists[n]
+        return self._keys_beyond(key, bisect_right)
 
     def keys_from(self, key: Any) -> Iterator[Any]:
         """The keys at or above `key`, in order."""
+        return self._keys_beyond(key, bisect_left)
+
+    def _keys_beyond(self, key: Any, find: Callable[[list[Any], Any], int]) -> Iterator[Any]:
         lists = self._lists
-        i = bisect_left(self._maxes, key)
+        i = find(self._maxes, key)
         if i == len(lists):
             return
         keys = lists[i]
-        yield from keys[bisect_left(keys, key):]
+        yield from keys[find(keys, key):]
         for n in range(i + 1, len(lists)):
             yield from lists[n]
 
