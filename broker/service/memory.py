@@ -7,23 +7,45 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
 import threading
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Final, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _malloc_trim() -> object | None:
+def _glibc(name: str) -> Callable[..., int] | None:
+    """A function of the C library, or None where the library is not glibc."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        return getattr(libc, name)  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
         return None
 
 
-_TRIM = _malloc_trim()
+_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+_M_ARENA_MAX: Final = -8  # mallopt's parameter number (glibc's malloc.h)
+ARENAS: Final = 2
+
+
+def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
+    """Make the C allocator share `arenas` heaps among all the process's threads; return
+    whether it was done. Call before any thread starts.
+
+    glibc gives each thread that allocates its own heap (an arena), up to eight per core:
+    librdkafka's threads, RocksDB's and Python's. Memory freed in one of them is kept there
+    for that thread, so each arena holds on to its peak, and `malloc_trim` gives back only
+    whole free pages. With 1,000,000 messages queued this was a third of the service's
+    resident memory per message (64 bytes per queued message with the default arenas, 40 with
+    two). The service's threads mostly wait on the network, so they rarely contend for a
+    heap. An operator's `MALLOC_ARENA_MAX` in the environment stands.
+    """
+    if _MALLOPT is None or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    return bool(_MALLOPT(_M_ARENA_MAX, arenas))
 
 
 def release_free_memory() -> None:
@@ -35,7 +57,7 @@ def release_free_memory() -> None:
     once each time it falls idle; it takes a few milliseconds.
     """
     if _TRIM is not None:
-        _TRIM(0)  # type: ignore[operator]
+        _TRIM(0)
 
 
 # Allocations between two collections of the young objects (Python's default is 700): each
