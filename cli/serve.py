@@ -75,9 +75,9 @@ def serve(
     the shards: Kafka's group protocol gives each shard to one of them."""
     from broker import compiled
     from broker.service.instance import Instance
-    from broker.service.memory import limit_malloc_arenas
+    from broker.service.memory import map_large_blocks
 
-    limit_malloc_arenas()  # before the Kafka clients' and RocksDB's threads start
+    map_large_blocks()
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

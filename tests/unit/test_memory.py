@@ -1,6 +1,7 @@
-"""The service shares a few C heaps among its threads (broker.service.memory): each glibc
-arena keeps what its thread freed, which made a third of the resident memory of a deep
-queue. Run in fresh interpreters: the limit holds only for threads started after it."""
+"""Large C allocations get pages of their own, handed back when freed
+(broker.service.memory.map_large_blocks): glibc's moving threshold let librdkafka's and
+RocksDB's big buffers stay resident after use, a quarter of a deep queue's memory. Run in
+fresh interpreters: the setting is the process's."""
 
 from __future__ import annotations
 
@@ -13,45 +14,44 @@ import pytest
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
 
-# 8 threads, alive together, allocate outside Python's small-object allocator (over 512
-# bytes: malloc), then glibc's malloc_info names the heaps ("<heap nr=...>") there are.
+# One 1 MiB block is freed (glibc would raise its threshold above it), then 64 blocks of
+# 512 KiB are made: how many MiB of them have pages of their own (glibc's mallinfo2)?
+# (Over 512 bytes Python allocates with malloc.)
 PROBE = """
-import ctypes, json, sys, tempfile, threading
-from broker.service.memory import limit_malloc_arenas
-done = limit_malloc_arenas() if sys.argv[1] == "limit" else None
-kept, together = [], threading.Barrier(8)
-def work():  # all alive at once: an exited thread's heap is handed to the next one
-    kept.append([bytes(4096) for _ in range(100)])
-    together.wait()
-threads = [threading.Thread(target=work) for _ in range(8)]
-for t in threads: t.start()
-for t in threads: t.join()
+import ctypes, json, sys
+from broker.service.memory import map_large_blocks
+done = map_large_blocks() if sys.argv[1] == "map" else None
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
 libc = ctypes.CDLL("libc.so.6")
-libc.fopen.restype = ctypes.c_void_p
-with tempfile.NamedTemporaryFile() as f:
-    out = libc.fopen(f.name.encode(), b"w")
-    libc.malloc_info(0, ctypes.c_void_p(out))
-    libc.fclose(ctypes.c_void_p(out))
-    heaps = open(f.name).read().count("<heap nr=")
-print(json.dumps({"done": done, "heaps": heaps}))
+libc.mallinfo2.restype = Info
+first = bytes(1 << 20)
+del first
+before = libc.mallinfo2().hblkhd
+big = [bytes(512 << 10) for _ in range(64)]
+print(json.dumps({"done": done, "mapped_mib": (libc.mallinfo2().hblkhd - before) >> 20}))
 """
 
 
 def _probe(mode: str, **env: str) -> dict[str, object]:
-    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"} | env
     out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True,
                          check=True, env=environ)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-def test_threads_share_two_heaps_once_limited() -> None:
-    assert _probe("limit") == {"done": True, "heaps": 2}
+def test_large_blocks_have_pages_of_their_own_handed_back_when_freed() -> None:
+    assert _probe("map") == {"done": True, "mapped_mib": 32}
 
 
-def test_without_the_limit_each_thread_gets_a_heap_of_its_own() -> None:
-    # what the limit is for: on any machine with a core, 8 threads make more than 2 heaps
-    assert _probe("none")["heaps"] > 2
+def test_without_it_they_come_from_the_heaps_once_a_larger_one_was_freed() -> None:
+    # what it is for: glibc's own moving threshold puts them where freeing keeps them
+    assert _probe("none")["mapped_mib"] == 0
 
 
-def test_an_operators_malloc_arena_max_stands() -> None:
-    assert _probe("limit", MALLOC_ARENA_MAX="4") == {"done": False, "heaps": 4}
+def test_an_operators_malloc_mmap_threshold_stands() -> None:
+    # theirs is 1 MiB: blocks of 512 KiB come from the heaps
+    assert _probe("map", MALLOC_MMAP_THRESHOLD_=str(1 << 20)) == {"done": False,
+                                                                  "mapped_mib": 0}
