@@ -3,7 +3,6 @@ counters, and a compact column of offsets."""
 
 from __future__ import annotations
 
-import heapq
 import math
 from array import array
 from collections import Counter
@@ -152,48 +151,3 @@ class Ascending:
             del values[:self._head]
             self._head = 0
         return values[self._head] if self._head < len(values) else None
-
-
-class Stamps:
-    """How many of a queue's messages carry each record timestamp, and the oldest of them.
-
-    A dict of counts and a heap of its keys (a timestamp emptied stays in the heap until it
-    reaches the top, or until the heap is twice the dict and is rebuilt): adding is O(1) for
-    a timestamp already there and O(log n) for a new one, and finding the oldest is amortised
-    O(1) as a queue drains in roughly timestamp order.
-    """
-
-    __slots__ = ("_counts", "_heap", "_slack")
-
-    def __init__(self, slack: int = 1024) -> None:
-        self._counts: dict[int, int] = {}
-        self._heap: list[int] = []
-        self._slack = slack  # emptied timestamps the heap may keep beyond twice the dict
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def add(self, ts: int, n: int = 1) -> None:
-        count = self._counts.get(ts)
-        if count is not None:
-            self._counts[ts] = count + n
-            return
-        self._counts[ts] = n
-        if len(self._heap) > 2 * len(self._counts) + self._slack:
-            self._heap = list(self._counts)
-            heapq.heapify(self._heap)
-        else:
-            heapq.heappush(self._heap, ts)
-
-    def remove(self, ts: int) -> None:
-        left = self._counts[ts] - 1
-        if left:
-            self._counts[ts] = left
-        else:
-            del self._counts[ts]
-
-    def oldest(self) -> int | None:
-        heap, counts = self._heap, self._counts
-        while heap and heap[0] not in counts:
-            heapq.heappop(heap)
-        return heap[0] if heap else None

@@ -16,10 +16,11 @@ from broker.config import QueueConfig
 from broker.engine.barriers import BehindBarriers
 from broker.engine.groups import MessageGroups
 from broker.engine.holding import Holding
-from broker.engine.message import Ascending, Message, QueueStats, Stamps, Subscription
+from broker.engine.message import Ascending, Message, QueueStats, Subscription
 from broker.engine.ordered import OrderIndex
 from broker.engine.ordering import ByArrival, BySortKey, ordering_of
 from broker.engine.paging import Pager
+from broker.engine.stamps import Stamps
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
 from broker.engine.window import WINDOW, Window

@@ -19,10 +19,11 @@ from sortedcontainers import SortedDict
 
 from broker.config import QueueConfig
 from broker.engine.barriers import BarrierWaits
-from broker.engine.message import Ascending, Message, QueueStats, Stamps
+from broker.engine.message import Ascending, Message, QueueStats
 from broker.engine.ordered import OrderIndex
 from broker.engine.ordering import NUMBER, STRING, BySortKey
 from broker.engine.paging import Pager
+from broker.engine.stamps import Stamps
 from broker.engine.states import MessageState
 from broker.expr import Expression
 from broker.packed import AVAILABLE_CODE, message_head
