@@ -125,29 +125,39 @@ class QueueStats:
 
 
 class Ascending:
-    """Integers appended in ascending order, 8 bytes each; `first` drops from the front the
-    ones no longer wanted (each once), so the lowest wanted one costs amortised O(1)."""
+    """Integers appended in ascending order, kept as steps from the first one: 4 bytes each
+    (8 once one is more than 2**32 past it); `first` drops from the front the ones no longer
+    wanted (each once), so the lowest wanted one costs amortised O(1)."""
 
-    __slots__ = ("_values", "_head")
+    __slots__ = ("_values", "_head", "_base")
 
     def __init__(self, values: Iterable[int] = ()) -> None:
-        self._values = array("q", values)
+        self._values = array("I")
         self._head = 0
+        self._base = 0
+        for value in values:
+            self.append(value)
 
     def __len__(self) -> int:
         return len(self._values) - self._head
 
     def append(self, value: int) -> None:
-        self._values.append(value)
+        values = self._values
+        if not values:
+            self._base = value
+        step = value - self._base
+        if step > 0xFFFF_FFFF and values.typecode == "I":
+            values = self._values = array("q", values)
+        values.append(step)
 
     def last(self) -> int | None:
-        return self._values[-1] if len(self) else None
+        return self._base + self._values[-1] if len(self) else None
 
     def first(self, wanted: Callable[[int], bool]) -> int | None:
-        values = self._values
-        while self._head < len(values) and not wanted(values[self._head]):
+        values, base = self._values, self._base
+        while self._head < len(values) and not wanted(base + values[self._head]):
             self._head += 1
         if self._head > 4096 and 2 * self._head > len(values):
             del values[:self._head]
             self._head = 0
-        return values[self._head] if self._head < len(values) else None
+        return base + values[self._head] if self._head < len(values) else None

@@ -121,3 +121,35 @@ def test_a_timestamp_of_its_own_per_message_costs_16_bytes_of_the_oldest_index()
     tracemalloc.stop()
     assert size / 100_000 < 20
     assert stamps.oldest() == 1_700_000_000_000 and len(stamps) == 100_000
+
+
+@given(st.lists(st.integers(0, 3 * 2**32), max_size=200), st.data())
+def test_the_offsets_column_agrees_with_a_plain_list(steps, data):
+    # ascending offsets, with jumps past 2**32 (stored as 4-byte steps until then)
+    from itertools import accumulate
+
+    from broker.engine.message import Ascending
+
+    values = list(accumulate(steps))
+    column, finished = Ascending(values[: len(values) // 2]), set()
+    for v in values[len(values) // 2:]:
+        column.append(v)
+    assert len(column) == len(values) and column.last() == (values[-1] if values else None)
+    for v in data.draw(st.lists(st.sampled_from(values), max_size=len(values))) if values else ():
+        finished.add(v)
+        left = [x for x in values if x not in finished]
+        assert column.first(lambda o: o not in finished) == (left[0] if left else None)
+
+
+def test_an_offsets_column_costs_4_bytes_per_offset():
+    import tracemalloc
+
+    from broker.engine.message import Ascending
+
+    tracemalloc.start()
+    column = Ascending()
+    for offset in range(10**12, 10**12 + 100_000):
+        column.append(offset)
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert size / 100_000 < 5 and column.last() == 10**12 + 99_999
