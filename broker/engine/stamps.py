@@ -13,7 +13,7 @@ class Stamps:
     """Distinct record timestamps with how many messages carry each, 16 bytes per timestamp.
 
     A queue fed slowly gives each message a millisecond of its own, so this is sized per
-    message: as a dict of counts and a heap (about 100 bytes a timestamp) it was more than
+    message: as a dict of counts and a heap (about 124 bytes a timestamp) it was more than
     the rest of a paged-out message. Kept in sorted chunks of two arrays (timestamps, counts)
     with each chunk's last timestamp for bisection: adding the newest timestamp appends,
     any other costs a bisection and a move within one chunk, and the oldest is the first
@@ -37,7 +37,10 @@ class Stamps:
 
     def add(self, ts: int, n: int = 1) -> None:
         lasts = self._lasts
-        if not lasts or ts > lasts[-1]:  # the newest: as records mostly arrive
+        if lasts and ts == lasts[-1]:  # the newest again: a burst within one millisecond
+            self._counts[-1][-1] += n
+            return
+        if not lasts or ts > lasts[-1]:  # newer: as records mostly arrive
             if not lasts or len(self._stamps[-1]) >= self._chunk:
                 self._stamps.append(array("q"))
                 self._counts.append(array("q"))
