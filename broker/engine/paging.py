@@ -68,6 +68,9 @@ class Pager(Protocol):
         A timer is not removed when its message leaves: the caller checks it is still
         meant (lazy invalidation, as the engine's timer heaps)."""
 
+    def shed_memory(self) -> None:
+        """Hand back memory held only to make writes cheaper (the service falls idle)."""
+
 
 class _Queue:
     def __init__(self) -> None:
@@ -153,3 +156,6 @@ class MemoryPager:
         while timers and timers[0][0] <= now and len(out) < limit:
             out.append(heapq.heappop(timers))
         return out
+
+    def shed_memory(self) -> None:
+        pass  # it is all memory

@@ -10,7 +10,7 @@ import gc
 import os
 import threading
 from collections.abc import Callable
-from typing import Final, ParamSpec, TypeVar
+from typing import Final, ParamSpec, Protocol, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,14 +47,22 @@ def map_large_blocks(threshold: int = LARGE) -> bool:
     return bool(_MALLOPT(_M_MMAP_THRESHOLD, threshold))
 
 
-def release_free_memory() -> None:
-    """Return the C heap's free pages to the system (glibc `malloc_trim`).
+class HoldsMemory(Protocol):
+    def shed_memory(self) -> None: ...
+
+
+def release_free_memory(*holders: HoldsMemory) -> None:
+    """Return the C heap's free pages to the system (glibc `malloc_trim`), after asking
+    `holders` (a shard's state and pager) to hand back what they hold only to make writes
+    cheaper.
 
     A burst (a deep queue loaded, a backlog drained) leaves freed memory in the allocator's
     arenas: librdkafka's fetch buffers, Python objects of finished batches. glibc keeps it,
     and it counts in the process's RSS until something else reuses it. The service calls this
     once each time it falls idle; it takes a few milliseconds.
     """
+    for holder in holders:
+        holder.shed_memory()
     if _TRIM is not None:
         _TRIM(0)
 

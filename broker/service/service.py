@@ -264,7 +264,7 @@ class Service:
         if records:
             self._trimmed = False
         elif not self._trimmed and self.inputs.idle:
-            release_free_memory()
+            release_free_memory(self.engine.pager, *filter(None, [self._store]))
             self._trimmed = True
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)

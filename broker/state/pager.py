@@ -33,7 +33,7 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from broker.engine.queue import Message
 from broker.state.layout import decode_message, encode_message
-from broker.state.rocks import bounded_options
+from broker.state.rocks import MemtableShedder, bounded_options
 from broker.values import Bookmark
 
 SEP: Final = b"\x00"
@@ -118,6 +118,7 @@ class RocksPager:
         # writes them together several times faster than one by one.
         self._pending = WriteBatch(raw_mode=True)
         self._pending_items = 0
+        self._shedder = MemtableShedder()
 
     def _open(self, fresh: bool) -> Rdict:
         if fresh:
@@ -163,6 +164,10 @@ class RocksPager:
 
     def _from(self, queue: str) -> bytes:
         return self._low.get(queue) or self._key(b"o", queue, b"")
+
+    def shed_memory(self) -> None:
+        self._flush()
+        self._shedder.shed(self._db)
 
     def close(self) -> None:
         self._flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
@@ -20,6 +21,8 @@ from rocksdict import (
 from broker.errors import StateError
 
 DEFAULT_MEMORY_BUDGET: Final = 64 * 1024 * 1024
+SHED_AT_LEAST: Final = 1024 * 1024  # bytes in a memtable worth a table file of their own
+SHED_EVERY_S: Final = 10.0
 
 
 def bounded_options(memory_budget: int) -> Options:
@@ -40,11 +43,33 @@ def bounded_options(memory_budget: int) -> Options:
     return options
 
 
+class MemtableShedder:
+    """Writes a store's memtable out when the service falls idle, so that its memory (blocks
+    of their own: broker.service.memory.map_large_blocks) goes back to the system: a deep
+    queue loaded and then waiting would otherwise keep a write buffer full of it (about 6 MB
+    for the state and the pager together, with the default budget). At most every
+    SHED_EVERY_S and only a memtable of SHED_AT_LEAST: a service that falls idle between
+    every few records must not make a table file of each."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def shed(self, db: Rdict) -> bool:
+        now = time.monotonic()
+        if now - self._last < SHED_EVERY_S or (
+                db.property_int_value("rocksdb.cur-size-active-mem-table") or 0) < SHED_AT_LEAST:
+            return False
+        self._last = now
+        db.flush(False)  # in RocksDB's background thread
+        return True
+
+
 class RocksStore:
     def __init__(self, path: str | Path, memory_budget: int = DEFAULT_MEMORY_BUDGET,
                  read_only: bool = False, remove_on_close: bool = False) -> None:
         self._path = Path(path)
         self._remove_on_close = remove_on_close
+        self._shedder = MemtableShedder()
         options = bounded_options(memory_budget)
         try:
             if read_only:
@@ -85,6 +110,9 @@ class RocksStore:
         for key, value in puts.items():
             batch.put(key, value)
         self._db.write(batch)
+
+    def shed_memory(self) -> None:
+        self._shedder.shed(self._db)
 
     def close(self) -> None:
         self._db.close()

@@ -27,6 +27,10 @@ class Store(Protocol):
         """Delete everything."""
         ...
 
+    def shed_memory(self) -> None:
+        """Hand back memory held only to make writes cheaper (the service falls idle)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -53,6 +57,9 @@ class MemoryStore:
 
     def clear(self) -> None:
         self._data.clear()
+
+    def shed_memory(self) -> None:
+        pass  # it is all memory
 
     def close(self) -> None:
         pass
