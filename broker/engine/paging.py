@@ -68,8 +68,9 @@ class Pager(Protocol):
         A timer is not removed when its message leaves: the caller checks it is still
         meant (lazy invalidation, as the engine's timer heaps)."""
 
-    def shed_memory(self) -> None:
-        """Hand back memory held only to make writes cheaper (the service falls idle)."""
+    def shed_memory(self) -> bool:
+        """Hand back memory held only to make writes cheaper (the service falls idle);
+        False: not now, ask again at a later idle turn."""
 
 
 class _Queue:
@@ -157,5 +158,5 @@ class MemoryPager:
             out.append(heapq.heappop(timers))
         return out
 
-    def shed_memory(self) -> None:
-        pass  # it is all memory
+    def shed_memory(self) -> bool:
+        return True  # it is all memory

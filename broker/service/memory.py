@@ -48,10 +48,10 @@ def map_large_blocks(threshold: int = LARGE) -> bool:
 
 
 class HoldsMemory(Protocol):
-    def shed_memory(self) -> None: ...
+    def shed_memory(self) -> bool: ...
 
 
-def release_free_memory(*holders: HoldsMemory) -> None:
+def release_free_memory(*holders: HoldsMemory) -> bool:
     """Return the C heap's free pages to the system (glibc `malloc_trim`), after asking
     `holders` (a shard's state and pager) to hand back what they hold only to make writes
     cheaper.
@@ -59,12 +59,13 @@ def release_free_memory(*holders: HoldsMemory) -> None:
     A burst (a deep queue loaded, a backlog drained) leaves freed memory in the allocator's
     arenas: librdkafka's fetch buffers, Python objects of finished batches. glibc keeps it,
     and it counts in the process's RSS until something else reuses it. The service calls this
-    once each time it falls idle; it takes a few milliseconds.
+    each time it falls idle until this returns True (every holder done; one may put its part
+    off); it takes a few milliseconds.
     """
-    for holder in holders:
-        holder.shed_memory()
+    done = all([holder.shed_memory() for holder in holders])  # (a list: ask every one)
     if _TRIM is not None:
         _TRIM(0)
+    return done
 
 
 # Allocations between two collections of the young objects (Python's default is 700): each

@@ -264,8 +264,7 @@ class Service:
         if records:
             self._trimmed = False
         elif not self._trimmed and self.inputs.idle:
-            release_free_memory(self.engine.pager, *filter(None, [self._store]))
-            self._trimmed = True
+            self._trimmed = release_free_memory(self.engine.pager, *filter(None, [self._store]))
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)
         assert self._snapshots is not None

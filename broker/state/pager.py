@@ -165,9 +165,9 @@ class RocksPager:
     def _from(self, queue: str) -> bytes:
         return self._low.get(queue) or self._key(b"o", queue, b"")
 
-    def shed_memory(self) -> None:
+    def shed_memory(self) -> bool:
         self._flush()
-        self._shedder.shed(self._db)
+        return self._shedder.shed(self._db)
 
     def close(self) -> None:
         self._flush()

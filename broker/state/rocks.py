@@ -55,9 +55,11 @@ class MemtableShedder:
         self._last = 0.0
 
     def shed(self, db: Rdict) -> bool:
+        """Whether it is done: written out, or too small to be (False: ask again later)."""
+        if (db.property_int_value("rocksdb.cur-size-active-mem-table") or 0) < SHED_AT_LEAST:
+            return True
         now = time.monotonic()
-        if now - self._last < SHED_EVERY_S or (
-                db.property_int_value("rocksdb.cur-size-active-mem-table") or 0) < SHED_AT_LEAST:
+        if now - self._last < SHED_EVERY_S:
             return False
         self._last = now
         db.flush(False)  # in RocksDB's background thread
@@ -111,8 +113,8 @@ class RocksStore:
             batch.put(key, value)
         self._db.write(batch)
 
-    def shed_memory(self) -> None:
-        self._shedder.shed(self._db)
+    def shed_memory(self) -> bool:
+        return self._shedder.shed(self._db)
 
     def close(self) -> None:
         self._db.close()

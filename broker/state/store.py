@@ -27,8 +27,9 @@ class Store(Protocol):
         """Delete everything."""
         ...
 
-    def shed_memory(self) -> None:
-        """Hand back memory held only to make writes cheaper (the service falls idle)."""
+    def shed_memory(self) -> bool:
+        """Hand back memory held only to make writes cheaper (the service falls idle);
+        False: not now, ask again at a later idle turn."""
         ...
 
     def close(self) -> None: ...
@@ -58,8 +59,8 @@ class MemoryStore:
     def clear(self) -> None:
         self._data.clear()
 
-    def shed_memory(self) -> None:
-        pass  # it is all memory
+    def shed_memory(self) -> bool:
+        return True  # it is all memory
 
     def close(self) -> None:
         pass
