@@ -9,7 +9,7 @@ import functools
 import gc
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, ParamSpec, Protocol, TypeVar
 
 P = ParamSpec("P")
@@ -51,21 +51,38 @@ class HoldsMemory(Protocol):
     def shed_memory(self) -> bool: ...
 
 
-def release_free_memory(*holders: HoldsMemory) -> bool:
-    """Return the C heap's free pages to the system (glibc `malloc_trim`), after asking
-    `holders` (a shard's state and pager) to hand back what they hold only to make writes
-    cheaper.
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc `malloc_trim`; a few milliseconds
+    with a large heap).
 
     A burst (a deep queue loaded, a backlog drained) leaves freed memory in the allocator's
     arenas: librdkafka's fetch buffers, Python objects of finished batches. glibc keeps it,
-    and it counts in the process's RSS until something else reuses it. The service calls this
-    each time it falls idle until this returns True (every holder done; one may put its part
-    off); it takes a few milliseconds.
-    """
-    done = all([holder.shed_memory() for holder in holders])  # (a list: ask every one)
+    and it counts in the process's RSS until something else reuses it."""
     if _TRIM is not None:
         _TRIM(0)
-    return done
+
+
+class IdleRelease:
+    """What a service hands back when it falls idle: once per idle period the C heap's free
+    pages, and, until every holder (a shard's state and pager) has done it, what they hold
+    only to make writes cheaper. A holder may put its part off (a memtable written out less
+    than 10 s ago); asking it again is cheap, trimming the heap again is not, so an idle
+    service asks at each idle turn but trims once."""
+
+    def __init__(self, holders: Callable[[], Iterable[HoldsMemory]]) -> None:
+        self._holders = holders  # asked each time: a shard's store and pager open at its start
+        self._trimmed = self._shed = False
+
+    def busy(self) -> None:
+        """Input arrived: the next idle period releases again."""
+        self._trimmed = self._shed = False
+
+    def idle(self) -> None:
+        if not self._shed:
+            self._shed = all([h.shed_memory() for h in self._holders()])  # (a list: ask all)
+        if not self._trimmed:
+            release_free_memory()
+            self._trimmed = True
 
 
 # Allocations between two collections of the young objects (Python's default is 700): each

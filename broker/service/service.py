@@ -46,7 +46,7 @@ from broker.service.docs import Docs
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
-from broker.service.memory import calm_collector, release_free_memory, thaw_collector
+from broker.service.memory import IdleRelease, calm_collector, thaw_collector
 from broker.service.metrics import Metrics
 from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
@@ -115,7 +115,7 @@ class Service:
         self._stop = threading.Event()
         # Crash tests only: a held batch rides with the next one (as in a busy service).
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
-        self._trimmed = False  # freed memory handed back since the last input
+        self._release = IdleRelease(lambda: [self.engine.pager, *filter(None, [self._store])])
         self.ready = threading.Event()
         self._snapshots: SnapshotWriter | None = None
 
@@ -262,9 +262,9 @@ class Service:
         if not records and self._idle_flush:
             self._committer.flush_held()
         if records:
-            self._trimmed = False
-        elif not self._trimmed and self.inputs.idle:
-            self._trimmed = release_free_memory(self.engine.pager, *filter(None, [self._store]))
+            self._release.busy()
+        elif self.inputs.idle:
+            self._release.idle()
         if batch.snapshots:
             self._answer_snapshots(batch.snapshots)
         assert self._snapshots is not None

@@ -55,3 +55,33 @@ def test_an_operators_malloc_mmap_threshold_stands() -> None:
     # theirs is 1 MiB: blocks of 512 KiB come from the heaps
     assert _probe("map", MALLOC_MMAP_THRESHOLD_=str(1 << 20)) == {"done": False,
                                                                   "mapped_mib": 0}
+
+
+class _Holder:
+    """A store whose memtable write-out is put off `put_off` times (its 10 s spacing)."""
+
+    def __init__(self, put_off: int) -> None:
+        self.put_off, self.asked = put_off, 0
+
+    def shed_memory(self) -> bool:
+        self.asked += 1
+        self.put_off -= 1
+        return self.put_off < 0
+
+
+def test_an_idle_service_trims_the_heap_once_and_asks_a_holder_that_put_off_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.service import memory
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "_TRIM", trims.append)
+    late, done = _Holder(put_off=2), _Holder(put_off=0)
+    release = memory.IdleRelease(lambda: [late, done])
+    for _ in range(5):
+        release.idle()
+    # The heap trimmed at the first idle turn only (a few ms each with a large heap); the
+    # holder that put its part off asked until it was done, then no more.
+    assert len(trims) == 1
+    assert late.asked == 3 and done.asked == 3
+    release.busy()  # input came: the next idle period releases again
+    release.idle()
+    assert len(trims) == 2 and late.asked == 4
