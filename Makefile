@@ -43,6 +43,7 @@ pure: install
 lint: install-test
 	$(BIN)/ruff check broker cli tests ops
 	$(BIN)/mypy broker cli
+	$(BIN)/mypy --explicit-package-bases ops
 
 # The documentation site, into site/: strict, so a broken link or a missing page fails it.
 # The configuration and CLI references are generated from the code as it builds.

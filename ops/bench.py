@@ -43,7 +43,7 @@ from broker.kafka import clients  # noqa: E402
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_kafka import kafka_per_msg, stats_env  # noqa: E402
-from ops.bench_roles import percentile, publish  # noqa: E402
+from ops.bench_roles import Figures, percentile, publish  # noqa: E402
 from ops.bench_threads import cpu_by_thread, threads_per_msg  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -69,7 +69,7 @@ def steady(files: list[Path], n: int, end_wall: float) -> float:
     return n / (end_wall - first) if first and end_wall > first else float("nan")
 
 
-def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
+def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     run = f"raw{uuid.uuid4().hex[:6]}"
     clients.ensure_topics(clients.admin(bs), [f"{run}.src"] + [f"{run}.{k}{i}" for i in range(subs)
                                                                for k in ("d", "ack")])
@@ -210,7 +210,7 @@ def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
 
 
 def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
-           profile: Path | None = None) -> dict[str, float]:
+           profile: Path | None = None) -> Figures:
     prefix = f"kqb{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
     clients.ensure_topics(clients.admin(bs), [queue])

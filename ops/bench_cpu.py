@@ -102,6 +102,11 @@ class _Record:
         return (1, int(time.time() * 1000))
 
 
+def _record(topic: str, value: bytes, offset: int = 0) -> Any:
+    """A `_Record` where the service wants a confluent-kafka `Message` (duck-typed)."""
+    return _Record(topic, value, offset)
+
+
 def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
     """A shard's service on RocksDB in `tmp`, without Kafka; and a record of what it
     delivers, by subscription (filled by `_commit`)."""
@@ -147,7 +152,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
         for offset in range(start, min(messages, start + 1000)):
             value = b'{"n": %d, "pad": "%s"}' % (offset, PAD)
             batch.cp.positions[("Q", "T", 0)] = offset + 1
-            svc._source_record(_Record("T", value, offset), Bookmark("T", 0, offset), ["Q"],
+            svc._source_record(_record("T", value, offset), Bookmark("T", 0, offset), ["Q"],
                                now, batch)
         svc._commit(batch, 1000)
     svc._committer.flush_held()
@@ -156,7 +161,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
     for i, w in enumerate(workers):
         for out in w.command("subscribe", sub_id=f"s{i}", queue="Q", max_backlog=backlog,
                              mode="queue"):
-            svc._command(_Record("kq.commands", out.value), None, now, batch)
+            svc._command(_record("kq.commands", out.value), None, now, batch)
     svc._run(ev.Tick(), now, batch)
     _commit(svc, batch, SUBSCRIBERS, delivered)
     svc._committer.flush_held()
@@ -171,7 +176,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
                 if not done:
                     continue
                 for out in w.ack_command("Q", done):
-                    svc._command(_Record("kq.commands", out.value), None, now, batch)
+                    svc._command(_record("kq.commands", out.value), None, now, batch)
                     commands += 1
                 acked += len(done)
             if not commands:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
@@ -51,7 +52,7 @@ def split(received: dict[str, tuple[float, float]], leased: dict[str, int],
             for bm, (got, published) in received.items() if bm in leased and bm in produced]
 
 
-def summary(rows: list[tuple[float, ...]]) -> dict[str, dict[str, float]]:
+def summary(rows: Sequence[tuple[float, ...]]) -> dict[str, dict[str, float]]:
     return {hop: {f"p{int(q * 100)}_ms": round(percentile([r[k] for r in rows], q), 1)
                   for q in (0.5, 0.9, 0.99)} for k, hop in enumerate(HOPS)}
 

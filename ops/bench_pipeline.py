@@ -90,7 +90,7 @@ def write_journal(bootstrap: str, prefix: str, transitions: int) -> int:
     return written
 
 
-def measure(bootstrap: str, transitions: int) -> dict[str, float]:
+def measure(bootstrap: str, transitions: int) -> dict[str, float | list[float]]:
     from broker.pipeline.report import REPORT_COLUMNS, journal_frame, run_report
     from broker.pipeline.session import spark_session
 

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -17,6 +18,9 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from broker.kafka import clients, stats  # noqa: E402
+
+# A phase's results: figures, and dicts of them by role or thread
+Figures = dict[str, Any]
 
 
 def _producer(bs: str) -> Producer:
@@ -166,7 +170,7 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
                 Path(ready).write_text("1")
             count += 1
             last = now
-            if b'"paced"' in rec.value():
+            if b'"paced"' in (rec.value() or b""):
                 lat.append(now * 1000 - rec.timestamp()[1])
             c.acknowledge(rec)
         if batch:

@@ -275,7 +275,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         for s in subs:
             assert s.stdout is not None and s.stdout.readline().strip() == "subscribed"
     except BaseException:  # nothing left running behind a failed start
-        for p in [*subs, *(svc.proc for svc in services if svc.proc)]:
+        procs: list[subprocess.Popen[Any]] = [*subs, *(svc.proc for svc in services if svc.proc)]
+        for p in procs:
             p.send_signal(signal.SIGCONT)
             p.kill()
         stack.close()

@@ -43,7 +43,7 @@ class JournalArchive:
         self._thread.join()
 
     def _run(self) -> None:
-        c = clients.consumer(self.bootstrap, **{"fetch.wait.max.ms": 50})
+        c = clients.consumer(self.bootstrap, None, **{"fetch.wait.max.ms": 50})
         c.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
         expected = dict.fromkeys(range(self.partitions), 0)
         while not self._stop.is_set():
