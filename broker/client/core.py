@@ -130,6 +130,7 @@ class ClientCore:
         if not CLIENT_NAME.match(name):
             raise ValueError(f"bad client name {name!r}: use 1-200 of A-Z a-z 0-9 . _ -")
         self.name, self.principal = name, principal
+        self.instance = uuid.uuid4().hex  # this process's, sent with its commands
         self.message, self.owner = message, owner  # what deliveries become, bound to whom
         self.on_refused = on_refused
         self.errors: list[str] = []  # refusals of commands sent without waiting
@@ -164,7 +165,8 @@ class ClientCore:
             "sub_id": None, "max_backlog": None, "filter": None, "mode": None, "bookmarks": [],
             "query": None, "principal": self.principal, "replay_period_ms": None,
             "delay_ms": None, "delivery_counts": [], "period_ms": None,
-            "packed_bookmarks": "", "packed_counts": None, "sent_ms": int(time.time() * 1000)}
+            "packed_bookmarks": "", "packed_counts": None, "sent_ms": int(time.time() * 1000),
+            "instance": self.instance}
         record.update(fields)
         if shard is None:
             sub = self.subs.get(record["sub_id"] or "")
@@ -284,6 +286,9 @@ class ClientCore:
         """A command sent without waiting was refused (a late ack, a cancel of a lapsed
         lease): kept in `errors` and given to `on_refused`."""
         log.warning("the service refused a command: %s", error)
+        self._report(error)
+
+    def _report(self, error: str) -> None:
         self.errors.append(error)
         if self.on_refused is not None:
             try:
@@ -295,6 +300,9 @@ class ClientCore:
         """News about this client's subscriptions: the service dropped some (it heard no
         heartbeat in time), or a shard heard a heartbeat and holds none of them (the news
         of a drop was lost to a crash). Those are subscribed again by the transport."""
+        if body.get("notice") == "name-in-use":
+            self._name_in_use()
+            return
         if body.get("notice") == "dropped":
             ids = set(body.get("sub_ids") or ())
             subs, reason = [s for s in self.subs.values() if s.sub_id in ids], body.get("reason")
@@ -310,6 +318,15 @@ class ClientCore:
                 log.warning("the kq service dropped subscription %s to %s (%s): subscribing "
                             "again", sub.sub_id, sub.queue, reason)
                 sub.dropped(str(reason or ""))
+
+    def _name_in_use(self) -> None:
+        """Another live process uses this client's name (both are told): kept in `errors`
+        and given to `on_refused`, as a refusal is."""
+        error = (f"another live process uses the client name {self.name!r}: a close by "
+                 "either ends the other's subscriptions, and a dead one's leases wait for "
+                 "their lease period; give each process a name of its own")
+        log.error("%s", error)
+        self._report(error)
 
     def _reply(self, rid: str, error: str | None, body: dict[str, Any]) -> None:
         """Keep a reply; a large one comes in chunks ({"chunk": i, "chunks": n, "rows": [...]}

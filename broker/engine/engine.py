@@ -61,6 +61,7 @@ class Engine(Timers, Dispatcher, Acks, Admission):
         self.subs: dict[str, Subscription] = {}  # every subscription, by id
         self.sub_ids_of: dict[str, set[str]] = {}  # client -> ids of its subscriptions
         self.last_seen: dict[str, int] = {}  # client -> last time it was heard from
+        self.speakers: dict[str, tuple[str, str, bool]] = {}  # client -> its processes
         # Clients whose subscriptions were restored after a restart and who have not been
         # heard from since: they may be gone, so nothing is dispatched to them until they are.
         self.unconfirmed: set[str] = set()
@@ -89,8 +90,9 @@ class Engine(Timers, Dispatcher, Acks, Admission):
             case ev.ClientClosed():
                 self._drop_client(event.client, now, Reason.UNSUBSCRIBED)
                 self.last_seen.pop(event.client, None)
+                self.speakers.pop(event.client, None)
             case ev.Heartbeat():
-                self._heard(event.client)
+                self._heard(event.client, event.instance)
             case ev.Acked():
                 self._ack(event, now)
             case ev.Cancelled():

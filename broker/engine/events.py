@@ -65,6 +65,7 @@ class ClientClosed:
 class Heartbeat:
     client: str
     principal: str | None = None  # who asks (default: client)
+    instance: str | None = None  # which process of that name (none from clients before 0.5)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ class EnginePart:
     subs: dict[str, Subscription]
     sub_ids_of: dict[str, set[str]]
     last_seen: dict[str, int]
+    speakers: dict[str, tuple[str, str, bool]]
     unconfirmed: set[str]
     heartbeat_timeout_ms: int
     _out: list[Effect]

@@ -40,12 +40,27 @@ class Timers(EnginePart):
             self._end_subscription(sub, now, reason)
         return [s.sub_id for s in ended]
 
-    def _heard(self, client: str) -> None:
+    def _heard(self, client: str, instance: str | None = None) -> None:
         """A client heartbeats to a shard only while it believes it has subscriptions there:
         when it has none (dropped, and the notice lost to a crash or a failover; or made
         before a restart without their queue), say so, and it subscribes again."""
         if client not in self.sub_ids_of:
             self._out.append(Reply(client, NOTICE, {"notice": "no-subscriptions"}))
+        if instance:
+            self._one_process(client, instance)
+
+    def _one_process(self, client: str, instance: str) -> None:
+        """A client name is one process's: two live ones using it share its subscriptions'
+        fate (a close by one ends the other's, and a dead one's live on while the other
+        heartbeats). When their heartbeats alternate, both are told, once. A restarted
+        process's new instance does not alternate: the old one is silent."""
+        latest, before, told = self.speakers.get(client, (instance, "", False))
+        if instance != latest:
+            if instance == before and not told:
+                told = True
+                self._out.append(Reply(client, NOTICE, {"notice": "name-in-use"}))
+            latest, before = instance, latest
+        self.speakers[client] = (latest, before, told)
 
     def _tick(self, now: int) -> None:
         for q in self.queues.values():
@@ -69,6 +84,7 @@ class Timers(EnginePart):
         for client in silent:
             dropped = self._drop_client(client, now, Reason.DISCONNECTED)
             del self.last_seen[client]
+            self.speakers.pop(client, None)
             if dropped:  # it may be alive, only slow: tell it, so it can subscribe again
                 self._out.append(Reply(client, NOTICE, {
                     "notice": "dropped", "sub_ids": dropped,

@@ -98,7 +98,7 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
         case "close":
             return [ev.ClientClosed(client, who)]
         case "heartbeat":
-            return [ev.Heartbeat(client, who)]
+            return [ev.Heartbeat(client, who, c["instance"])]
         case "ack":
             return [ev.Acked(client, queue, bookmarks, rid, who, counts)]
         case "ack_where":

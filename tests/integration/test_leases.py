@@ -218,3 +218,14 @@ def test_subscribers_and_depth_are_visible_while_serving(bootstrap, world):
         subs = c.query(what="subscribers", queue=world.topic)["subscribers"]
         assert [(s["client"], s["leased"], s["backlog"]) for s in subs] == [(c.name, 2, 2)]
         assert service.engine.queues[world.topic].depth() == 3
+
+
+def test_two_live_processes_with_one_client_name_are_both_told(world):
+    world.state["service"] = {"heartbeat_timeout": "2s"}  # heartbeats every 0.5 s
+    name = f"w-{uid()}"
+    with world.start(), world.client(name=name) as one, world.client(name=name) as other:
+        one.subscribe(world.topic)
+        other.subscribe(world.topic)
+        for c in (one, other):
+            wait_for(lambda c=c: any("another live process uses the client name" in e
+                                     for e in c.errors), timeout=20, what="the name-in-use notice")

@@ -119,3 +119,18 @@ def test_a_delivery_becomes_a_message_with_every_field_it_carried():
     assert msg.data == {"a": 1}  # read with the queue's format
     core._deliver("b1", "Q", "json", [("T/0/8", 1, None, False, 8, None, b"x", [], 0)])
     assert browser.buffer.popleft().lease_deadline is None  # at-most-once: no lease
+
+
+def test_each_process_sends_its_own_instance_and_hears_of_another_using_its_name():
+    told: list[str] = []
+    one, other = ClientCore("w", "w", on_refused=told.append), ClientCore("w", "w")
+    instances = {wire.decode("command", o.value)["instance"]
+                 for core in (one, other) for o in core.command("heartbeat", shard=0)}
+    assert len(instances) == 2 and "" not in instances
+    again = {wire.decode("command", o.value)["instance"] for o in one.command("heartbeat", shard=0)}
+    assert again <= instances  # one process: one instance for all its commands
+    one.receive(wire.encode("envelope", {
+        "kind": "reply", "request_id": "", "body": '{"notice": "name-in-use", "shard": 0}',
+        "error": None}))
+    assert one.errors == told and len(told) == 1
+    assert "another live process uses the client name 'w'" in told[0]

@@ -182,6 +182,32 @@ def test_a_heartbeat_from_a_client_with_no_subscription_here_is_answered():
     assert notice.body == {"notice": "no-subscriptions"}
 
 
+def test_two_live_processes_with_one_client_name_are_told_once():
+    h = Harness()
+    h.subscribe("w1", "Q")
+    assert replies(h.handle(ev.Heartbeat("w1", None, "a"))) == []
+    assert replies(h.handle(ev.Heartbeat("w1", None, "a"))) == []
+    # a restarted process: a new instance, the old one silent from then on
+    assert replies(h.handle(ev.Heartbeat("w1", None, "b"))) == []
+    assert replies(h.handle(ev.Heartbeat("w1", None, "b"))) == []
+    h.handle(ev.Heartbeat("w1", None, "c"))  # a second process joins b ...
+    (notice,) = replies(h.handle(ev.Heartbeat("w1", None, "b")))  # ... and they alternate
+    assert (notice.client, notice.request_id) == ("w1", "")
+    assert notice.body == {"notice": "name-in-use"}
+    for instance in "cbcb":  # told once, not at every heartbeat
+        assert replies(h.handle(ev.Heartbeat("w1", None, instance))) == []
+    # clients from before instances were sent say nothing either way
+    h.subscribe("w2", "Q")
+    assert replies(h.handle(ev.Heartbeat("w2"))) == replies(h.handle(ev.Heartbeat("w2"))) == []
+    # a clean close forgets the name's processes: a later pair is told again
+    h.handle(ev.ClientClosed("w1"))
+    h.subscribe("w1", "Q")
+    for instance in "de":
+        h.handle(ev.Heartbeat("w1", None, instance))
+    assert [r.body for r in replies(h.handle(ev.Heartbeat("w1", None, "d")))] == [
+        {"notice": "name-in-use"}]
+
+
 def test_a_dropped_subscription_made_again_with_its_id_gets_messages_again():
     h = Harness(heartbeat_ms=10_000)
     (a,) = h.publish(1)
