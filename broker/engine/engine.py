@@ -72,7 +72,8 @@ class Engine(Timers, Dispatcher, Acks, Admission):
     def handle(self, event: ev.Event, now: int) -> list[Effect]:
         self._out = []
         self._touched = set()
-        client = getattr(event, "client", None)
+        # an arrival has no client: asked first, as a getattr that misses raises and catches
+        client = None if isinstance(event, ev.MessageArrived) else getattr(event, "client", None)
         if client is not None and self.auth is not None and not self._owned_by_sender(event):
             return self._out
         if client is not None:

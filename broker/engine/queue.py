@@ -38,7 +38,10 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     def __init__(self, config: QueueConfig, pager: Pager | None = None,
                  window: int = WINDOW) -> None:
         self.config = config
-        self.at_most_once = config.at_most_once  # read per message: not through the config
+        # read per message, so kept here: compiled, an attribute of this class is read
+        # directly, one of the config (a pydantic model) by a generic lookup
+        self.name, self.at_most_once = config.name, config.at_most_once
+        self.target_queue_depth = config.target_queue_depth
         self.lease_ms = config.lease_period.ms
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
@@ -101,10 +104,6 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.offsets: dict[tuple[str, int], Ascending] = {}
 
     @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
     def needs_doc(self) -> bool:
         """Whether arrivals are judged by their payload (the service decodes it then)."""
         return (self.ordering.needs_doc or self.barrier is not None or self.lvq_key is not None
@@ -158,7 +157,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     @property
     def full(self) -> bool:
         """TargetQueueDepth reached: the active part takes no more messages."""
-        tqd = self.config.target_queue_depth
+        tqd = self.target_queue_depth
         return tqd is not None and self.depth() >= tqd
 
     def queued(self, bm: Bookmark) -> bool:
@@ -170,7 +169,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
 
     def not_read_yet(self, bm: Bookmark) -> bool:
         """Whether a bookmark lies beyond what this TargetQueueDepth queue has read."""
-        return (self.config.target_queue_depth is not None
+        return (self.target_queue_depth is not None
                 and self.config.topic_regex.search(bm.topic) is not None
                 and bm.offset >= self.read_upto.get((bm.topic, bm.partition), 0))
 

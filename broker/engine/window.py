@@ -59,10 +59,7 @@ class Window:
     ranked: bool
     sorted_by: BySortKey | None
     byte_count: int
-
-    @property
-    def name(self) -> str:
-        return self.config.name
+    name: str  # the config's, read per message: not through the config
 
     def expires_at(self, msg: Message) -> int | None:
         raise NotImplementedError
