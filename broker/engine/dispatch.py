@@ -109,6 +109,7 @@ class Dispatcher(EnginePart):
         filter takes), to one of the subscriptions it is best for, by fairness."""
         pick = PICKERS[q.config.effective_fairness]
         said: dict[tuple[str, Bookmark], bool] = {}  # what filters said, for this dispatch
+        took_from_scan = False
         while True:
             q.refill()
             best: Message | None = None
@@ -125,8 +126,16 @@ class Dispatcher(EnginePart):
                     best, takers = msg, [sub]
             if best is None:  # nothing in memory for anyone with room: the pager, then
                 best, takers = self._group_head_in_pager(q, subs, now) or (None, [])
+                took_from_scan = took_from_scan or best is not None
             chosen = pick(takers, q.rr_last) if best is not None else None
             if best is None or chosen is None:
+                if took_from_scan:
+                    # What the scan passed was refused by those with room then; within this
+                    # dispatch they only lose room, so it went on from there. The next one
+                    # may have new takers (a subscription, room, a group let go): it starts
+                    # again. (A scan that found nothing in its budget goes on: see below.)
+                    q.group_scan = None
+                    q.group_seen.clear()
                 return
             self._lease(q, chosen, best, now)  # (from the pager: paged in, then leased)
 

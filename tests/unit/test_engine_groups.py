@@ -5,7 +5,7 @@ ones only while it holds unacknowledged messages of them."""
 import pytest
 
 from broker.engine import events as ev
-from broker.engine.effects import Journal
+from broker.engine.effects import Deliver, Journal
 from broker.engine.engine import Engine
 from broker.engine.groups import NO_GROUP, group_name
 from broker.engine.message import Message
@@ -318,3 +318,23 @@ def test_a_paged_out_message_goes_only_when_it_is_its_groups_first():
         send(n, group)  # A1 (which w does not take) blocks A; B is free
     assert [d.bookmark.offset for d in out if hasattr(d, "bookmark")] == [0, 3, 4]
     assert engine.queue("Q").paged == 1  # A2, behind A1
+
+
+def test_a_subscription_after_a_scan_of_the_pager_gets_the_oldest_it_wants():
+    """Window 2 (0 and 1 in memory, the rest paged out): a's look into the pager passes 2,
+    ungrouped, to find group B's first (3). b, subscribing after, wants the ungrouped ones:
+    it is given 0, then 2 from the pager, not the next message after the scan's find (4),
+    as it used to be."""
+    engine = Engine([queue(group_key="/g", max_per_subscription_backlog=10)], window=2)
+    for n, group in enumerate([None, "A", None, "B", None]):
+        doc = Doc({"g": group}, {})
+        engine.handle(ev.MessageArrived("Q", Bookmark("T", 0, n), 1, 10, doc), 1)
+    assert engine.queue("Q").paged == 3
+
+    def subscribe(client: str, backlog: int, where: str) -> list[int]:
+        return [d.bookmark.offset for d in engine.handle(
+            ev.Subscribed(client, f"{client}-Q", "Q", backlog, "r", filter=where), 1)
+            if isinstance(d, Deliver)]
+
+    assert subscribe("a", 1, "/g = 'B'") == [3]
+    assert subscribe("b", 2, "/g IS NULL") == [0, 2]
