@@ -93,7 +93,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.pending_acks: set[Bookmark] = set()
         self.deferring = False
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
-        self.lease_timers: list[tuple[int, int, Bookmark]] = []  # (deadline, delivery_count, bm)
+        self.lease_timers: list[tuple[int, int, int, Bookmark]] = []  # see Window
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
         # Kept as messages come and go so queries cost O(log n), not a walk of the queue:
         # record timestamps of the messages still in it (timestamp -> how many; sent ones
@@ -284,7 +284,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
             if self.group_expr is not None:
                 self._group_leased(msg)
             if t.deadline_ms is not None:
-                heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
+                self._time_lease(msg)
             self.stats.delivered += 1
         elif new_state is MessageState.AVAILABLE:
             msg.not_before_ms = t.not_before_ms  # (RETURNED: a redelivery delay)
@@ -312,7 +312,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         if msg is None or msg.state is not MessageState.LEASED or t.deadline_ms is None:
             raise StateError(f"cannot extend {t.bookmark}: it is not leased in {self.name}")
         msg.deadline_ms = t.deadline_ms
-        heapq.heappush(self.lease_timers, (t.deadline_ms, msg.delivery_count, msg.bookmark))
+        self._time_lease(msg)
         return msg
 
     def _subscribe(self, t: Transition) -> None:

@@ -68,9 +68,13 @@ class Stamps:
 
     def remove(self, ts: int) -> None:
         """One message of timestamp `ts` (added before) has left."""
-        i = bisect_left(self._lasts, ts)
-        stamps, counts = self._stamps[i], self._counts[i]
-        j = bisect_left(stamps, ts)
+        stamps = self._stamps[0]
+        if stamps[0] == ts:  # the oldest, as messages mostly leave in arrival order: no search
+            i, j, counts = 0, 0, self._counts[0]
+        else:
+            i = bisect_left(self._lasts, ts)
+            stamps, counts = self._stamps[i], self._counts[i]
+            j = bisect_left(stamps, ts)
         if counts[j] > 1:
             counts[j] -= 1
             return

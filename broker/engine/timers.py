@@ -93,7 +93,7 @@ class Timers(EnginePart):
     def _lapse_leases(self, q: QueueState, now: int) -> None:
         timers = q.lease_timers
         while timers and timers[0][0] <= now:
-            deadline, dc, bm = heapq.heappop(timers)
+            deadline, _, dc, bm = heapq.heappop(timers)
             msg = q.messages.get(bm)
             if msg is None or msg.deadline_ms != deadline or msg.delivery_count != dc:
                 continue  # stale: acked, returned or re-leased since

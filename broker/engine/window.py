@@ -54,7 +54,9 @@ class Window:
     stats: QueueStats
     timestamps: Stamps
     offsets: dict[tuple[str, int], Ascending]
-    lease_timers: list[tuple[int, int, Bookmark]]
+    # (deadline, seq, delivery count, bookmark): the seq settles a tie of deadlines (leases
+    # made in one millisecond) at once, before the bookmarks would be compared
+    lease_timers: list[tuple[int, int, int, Bookmark]]
     expiry_timers: list[tuple[int, int, Bookmark]]
     ranked: bool
     sorted_by: BySortKey | None
@@ -63,6 +65,13 @@ class Window:
 
     def expires_at(self, msg: Message) -> int | None:
         raise NotImplementedError
+
+    def _time_lease(self, msg: Message) -> None:
+        """A timer for the lease `msg` holds until its deadline (one made stale by an ack,
+        a return or a later lease is skipped when due)."""
+        assert msg.deadline_ms is not None
+        heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.seq, msg.delivery_count,
+                                           msg.bookmark))
 
     def _make_available(self, msg: Message) -> None:
         raise NotImplementedError
@@ -186,7 +195,7 @@ class Window:
             if msg.state is MessageState.AVAILABLE:
                 self._make_available(msg)
             elif msg.deadline_ms is not None:
-                heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.delivery_count, bm))
+                self._time_lease(msg)
         self._page_out_all(out)
         for _, msg in sorted(best, reverse=True):  # all before every paged-out one
             self.messages[msg.bookmark] = msg

@@ -117,16 +117,23 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"count": n}
     columns: Any
     if all(isinstance(r, Transition) for r in rows):
-        columns = _transition_columns(rows)
+        columns = _transition_columns(rows if isinstance(rows, list) else list(rows))
     else:
         columns = zip(*map(_ROW, rows), strict=True) if n else iter([()] * len(COLUMNS))
     for (name, kind), values in zip(COLUMNS, columns, strict=True):
         # most columns are empty for most kinds of transition; one whose first row is set
         # is not looked through (comparing each value with None costs)
         empty = n > 0 and values[0] is None and values.count(None) == n
-        if kind == "str":
-            out[name] = _NULL_INDEX * n if empty else pack_array("i", [
+        if kind == "str" and empty:
+            out[name] = _NULL_INDEX * n
+        elif name == "bookmark":  # one per row, mostly: each looked up once
+            out[name] = pack_array("i", [
                 -1 if v is None else table.setdefault(str(v), len(table)) for v in values])
+        elif kind == "str":  # a few distinct values (kinds, queues, clients): each turned
+            # into a string and looked up once, then the column mapped in C
+            index = {v: -1 if v is None else table.setdefault(str(v), len(table))
+                     for v in dict.fromkeys(values)}
+            out[name] = pack_array("i", list(map(index.__getitem__, values)))
         elif kind == "bool":
             out[name] = bytes(map(bool, values))
         elif kind.endswith("?"):
@@ -141,9 +148,10 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
     return out
 
 
-def _transition_columns(rows: Sequence[Transition]) -> list[list[Any]]:
+def _transition_columns(rows: list[Transition]) -> list[list[Any]]:
     """The columns of COLUMNS, in its order, read from Transitions: compiled, each field is
-    read directly, where `_ROW` looks each one up by name."""
+    read directly, where `_ROW` looks each one up by name, and each column is made at its
+    full length from a list (appended item by item from any other sequence)."""
     return [
         [t.kind for t in rows], [t.queue for t in rows], [t.at_ms for t in rows],
         [t.bookmark for t in rows], [t.sub_id for t in rows], [t.client for t in rows],
