@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Final
 
 from broker.engine.transitions import Kind, Transition
@@ -130,10 +130,13 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
             out[name] = pack_array("i", [
                 -1 if v is None else table.setdefault(str(v), len(table)) for v in values])
         elif kind == "str":  # a few distinct values (kinds, queues, clients): each turned
-            # into a string and looked up once, then the column mapped in C
+            # into a string and looked up once, then the column read through them in C
             index = {v: -1 if v is None else table.setdefault(str(v), len(table))
                      for v in dict.fromkeys(values)}
-            out[name] = pack_array("i", list(map(index.__getitem__, values)))
+            if len(index) <= 1:  # (the queue, in most batches; or no rows)
+                out[name] = pack_array("i", list(index.values())) * n
+            else:  # (two keys or more: itemgetter of one gives the value, not a tuple)
+                out[name] = pack_array("i", itemgetter(*values)(index))
         elif kind == "bool":
             out[name] = bytes(map(bool, values))
         elif kind.endswith("?"):
