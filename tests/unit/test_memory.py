@@ -69,19 +69,32 @@ class _Holder:
         return self.put_off < 0
 
 
-def test_an_idle_service_trims_the_heap_once_and_asks_a_holder_that_put_off_again(
+def test_an_idle_service_trims_the_heap_a_few_times_and_asks_a_holder_that_put_off_again(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from broker.service import memory
-    trims: list[int] = []
-    monkeypatch.setattr(memory, "_TRIM", trims.append)
+    trims: list[float] = []
+    clock = [100.0]
+    monkeypatch.setattr(memory, "_TRIM", lambda _: trims.append(clock[0] - 100.0))
     late, done = _Holder(put_off=2), _Holder(put_off=0)
-    release = memory.IdleRelease(lambda: [late, done])
-    for _ in range(5):
-        release.idle()
-    # The heap trimmed at the first idle turn only (a few ms each with a large heap); the
-    # holder that put its part off asked until it was done, then no more.
-    assert len(trims) == 1
-    assert late.asked == 3 and done.asked == 3
+    release = memory.IdleRelease(lambda: [late, done], clock=lambda: clock[0])
+
+    def idle_for(seconds: float) -> None:
+        end = clock[0] + seconds
+        while clock[0] < end:
+            release.idle()
+            clock[0] += 0.25
+
+    idle_for(0.5)
+    # The heap trimmed at the first idle turn (a few ms each with a large heap), not at every
+    # turn; both holders asked at each turn
+    assert trims == [0.0]
+    assert late.asked == 2 and done.asked == 2
+    # ... and again as the service stays idle: what RocksDB's and librdkafka's threads free
+    # in the seconds after a burst goes back too; then no more, however long it stays idle
+    idle_for(60)
+    assert trims == [0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    assert late.asked == 3 and done.asked == 3  # until the one that put off was done
     release.busy()  # input came: the next idle period releases again
+    clock[0] = 200.0
     release.idle()
-    assert len(trims) == 2 and late.asked == 4
+    assert len(trims) == 9 and late.asked == 4
