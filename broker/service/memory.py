@@ -63,10 +63,9 @@ def release_free_memory() -> None:
         _TRIM(0)
 
 
-# When an idle service trims the C heap, in seconds since it fell idle. RocksDB and
-# librdkafka free what a burst left them on their own threads in the seconds after the
-# burst (old table readers released once a compaction's results are in use, buffers of
-# finished requests): with 1,000,000 messages just queued, a trim at the first idle turn
+# When an idle service trims the C heap, in seconds since it fell idle. Threads of RocksDB
+# (its compactions) and of librdkafka go on freeing what a burst gave them for a few
+# seconds after it: with 1,000,000 messages just queued, a trim at the first idle turn
 # alone left 14-24 bytes per queued message resident that a trim 2 s later handed back.
 TRIM_AFTER_S: Final = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
