@@ -46,13 +46,19 @@ def ask(h: Harness, **args):
 
 def test_queries_on_a_deep_queue_answer_in_milliseconds():
     h = deep_queue()
+    # what one walk of the queue costs on this machine now: a query that walked it would
+    # take at least that; one that does not takes a small part of it however loaded the
+    # machine is (an absolute bound alone failed on a loaded CI machine)
+    walk = best_ms(lambda: sum(1 for _ in h.engine.queues["Q"].by_seq()), runs=3)
+    budget = max(5.0, walk / 5)
     for what in ({"what": "queues"}, {"what": "recovery_points"},
                  {"what": "inspect", "queue": "Q", "limit": 20},
                  {"what": "inspect", "queue": "Q", "state": "leased"},
                  {"what": "inspect", "queue": "Q", "state": "available", "limit": 50},
                  {"what": "subscribers"}):
         took = best_ms(lambda what=what: ask(h, **what))
-        assert took < 5, f"{what} took {took:.1f} ms on a queue {DEEP} deep"
+        assert took < budget, (f"{what} took {took:.1f} ms on a queue {DEEP} deep (a walk of "
+                               f"it: {walk:.1f} ms)")
 
 
 def test_what_the_deep_queue_queries_show():
