@@ -15,10 +15,11 @@ random and either kills it (-9, then restarts it) or freezes it (SIGSTOP past th
 timeout, then SIGCONT: it must wake fenced). The check adds: an owner writes at most one
 batch after a later owner's takeover marker (frozen between its fence's look and its write;
 every reader ignores the batch, and the fence stops the owner after it), none with
-`--exactly-once` (the broker refuses it). `kq journal audit` (on Spark) runs twice, halfway
-through the disturbances (the queues deep: every queued message's state, delivery and cancel
-counts and holder are compared) and at the end (the counters): it must find no difference
-between the journal and the live instances (`--no-audit` skips it).
+`--exactly-once` (the broker refuses it). `kq journal audit` (on Spark) runs mid-run, past
+a quarter of the disturbances once MID_AUDIT_DEPTH messages are queued, else halfway (every
+queued message's state, delivery and cancel counts and holder are compared), and at the
+end (the counters): it must find no difference between the journal and the live instances
+(`--no-audit` skips it).
 The crash tests `tests/crash/test_random_kills.py` run it small.
 
 With `--journal-retention 3m --snapshot-interval 20s` (on Apache Kafka, which applies
@@ -58,8 +59,7 @@ from ops.soak_journal import Retention  # noqa: E402
 
 BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
-
-
+MID_AUDIT_DEPTH = 1000  # queued messages that make the mid-run audit compare something
 SESSION_S = 3.0  # [service] session_timeout of the soak's instances
 
 
@@ -281,7 +281,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
             p.kill()
         stack.close()
         raise
-    report = Report()
+    report, mid_audit = Report(), audit
     published: list[str] = []
     publisher = threading.Thread(target=_publish,
                                  args=(bootstrap, topics, messages, published, rate))
@@ -290,7 +290,10 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         for k in range(kills):
             time.sleep(rnd.uniform(min_gap, max_gap))
             _disturb(services, rnd, report, lose_state)
-            if audit and k == kills // 2:  # halfway: the queues are deep, leases out
+            deep = mid_audit and kills // 4 <= k < kills // 2 and sum(
+                r["depth"] for r in _queue_rows(bootstrap, prefix).values()) >= MID_AUDIT_DEPTH
+            if mid_audit and (deep or k >= kills // 2):
+                mid_audit = False  # once, with the queues deep and leases out if they get so
                 if _wait_all_served(bootstrap, prefix, topics, 60):
                     _audit(cfg, report, mid_run=True)
                 else:
