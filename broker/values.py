@@ -74,6 +74,23 @@ class Bookmark:
             raise ValueError(f"bad bookmark {text!r}: expected TOPIC/PARTITION/OFFSET")
         return Bookmark(topic, int(partition), int(rest), text)  # (compiled: cls() is slow)
 
+    @staticmethod
+    def parse_many(texts: list[str]) -> list[Bookmark]:
+        """Parse each, as `parse` does; an ack command's are mostly of one topic and
+        partition, so those are parsed once per run of them and only the offset each time."""
+        out: list[Bookmark] = []
+        prefix, topic, partition = "", "", 0
+        for text in texts:
+            if prefix and text.startswith(prefix):
+                offset = text[len(prefix):]
+                if offset.isdigit():
+                    out.append(Bookmark(topic, partition, int(offset), text))
+                    continue
+            bm = Bookmark.parse(text)
+            out.append(bm)
+            prefix, topic, partition = text[:text.rindex("/") + 1], bm.topic, bm.partition
+        return out
+
     def _key(self) -> tuple[str, int, int]:
         return (self.topic, self.partition, self.offset)
 

@@ -76,7 +76,7 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
             who: str | None) -> list[ev.Event | Query | Invalid]:
     queue = c["queue"] or ""
     if c["packed_bookmarks"]:  # (clients since schema 4 send their batched acks so)
-        bookmarks = tuple(Bookmark.parse(b) for b in c["packed_bookmarks"].split("\n"))
+        bookmarks = tuple(Bookmark.parse_many(c["packed_bookmarks"].split("\n")))
         counts = tuple(unpack_array("i", c["packed_counts"] or b""))
     else:
         bookmarks = tuple(Bookmark.parse(b) for b in c["bookmarks"])

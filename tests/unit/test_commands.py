@@ -3,6 +3,8 @@ arrays by older clients; both mean the same acks, and a malformed one is refused
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from broker import wire
@@ -52,6 +54,35 @@ def test_a_packed_bookmark_that_is_not_one_is_refused():
     (out,) = decode_command(_command(packed_bookmarks="T/0/1\nnot-a-bookmark",
                                      packed_counts=pack_array("i", [1, 1])))
     assert isinstance(out, Invalid) and "bad ack command" in out.message
+
+
+# texts that are bookmarks or nearly: a topic with a slash, partitions alike as numbers,
+# offsets that int() takes but a bookmark does not
+_TEXTS = ["/".join(parts) for parts in itertools.product(
+    ["T", "T/0"], ["0", "1", "00"], ["7", "12", "", "²", "1a", "1_0", " 1"])] + [
+    "T", "T/", "T/7", "/0/1", "T/0/1/", "no"]
+
+
+def test_many_bookmarks_parse_as_each_alone():
+    """An ack command's bookmarks are parsed together, each topic and partition once per
+    run of them: the same bookmarks as one by one, and the same refusal of a bad one, for
+    every pair and every run of three of these texts."""
+    def alone(text):
+        try:
+            return Bookmark.parse(text)
+        except ValueError:
+            return None
+
+    for texts in itertools.chain(itertools.product(_TEXTS, repeat=2),
+                                 itertools.product(_TEXTS[:21], repeat=3)):
+        each = [alone(t) for t in texts]
+        if None in each:
+            with pytest.raises(ValueError):
+                Bookmark.parse_many(list(texts))
+        else:
+            many = Bookmark.parse_many(list(texts))
+            assert [(b.topic, b.partition, b.offset, str(b)) for b in many] == \
+                [(b.topic, b.partition, b.offset, str(b)) for b in each], texts
 
 
 def test_acks_written_with_the_command_schema_before_packing_are_read():
