@@ -283,7 +283,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
         raise
     report, mid_audit = Report(), audit
     published: list[str] = []
-    publisher = threading.Thread(target=_publish,
+    publisher = threading.Thread(target=_publish, daemon=True,  # (joined; not when stopped)
                                  args=(bootstrap, topics, messages, published, rate))
     publisher.start()
     try:
@@ -377,9 +377,9 @@ def main() -> None:
                     help="with --journal-retention: the journal's segment.ms (Kafka deletes "
                          "whole segments only)")
     a = ap.parse_args()
-    retention = None
-    if a.journal_retention or a.snapshot_interval:
-        retention = Retention(a.snapshot_interval, a.journal_retention, a.journal_segment_ms)
+    retention = (Retention(a.snapshot_interval, a.journal_retention, a.journal_segment_ms)
+                 if a.journal_retention or a.snapshot_interval else None)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # its instances stop too
     started = time.monotonic()
     with given_or_started(a.bootstrap, a.broker) as bootstrap, tempfile.TemporaryDirectory() as d:
         report = run(bootstrap, a.messages, a.kills, Path(d), seed=a.seed,
