@@ -8,7 +8,6 @@ With `[service] shards = 1` (the default) the one shard is every queue.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import threading
@@ -20,7 +19,6 @@ from typing import Any, Final
 from confluent_kafka import KafkaError
 from confluent_kafka import Message as KafkaMessage
 
-from broker import wire
 from broker.config import Config
 from broker.engine import events as ev
 from broker.engine.effects import (
@@ -36,12 +34,11 @@ from broker.engine.effects import (
 from broker.engine.engine import Engine
 from broker.engine.transitions import Reason, Transition
 from broker.errors import CommandError, StateError
-from broker.formats import load_schema
 from broker.kafka import clients
 from broker.kafka.records import bookmark_of, headers_of
 from broker.service.commands import Invalid, Query, decode_command, shard_elsewhere
 from broker.service.commit import Committer, Outbox, OutRecord
-from broker.service.copies import dead_letter_copy, flow_event
+from broker.service.copies import dead_letter_copy, flow_event, reply_record
 from broker.service.docs import Docs
 from broker.service.envelopes import Envelopes
 from broker.service.fence import Fence
@@ -50,6 +47,7 @@ from broker.service.memory import IdleRelease, calm_collector, thaw_collector
 from broker.service.metrics import Metrics
 from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
+from broker.service.recent import RecentPayloads, budget_of
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.service.shard_io import ShardIO
@@ -59,7 +57,7 @@ from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
 from broker.state.store import Store
-from broker.values import NOTICE, Bookmark
+from broker.values import Bookmark
 
 log = logging.getLogger("kq.service")
 
@@ -101,6 +99,7 @@ class Service:
                              auth=dict(config.auth) or None,
                              doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
+        self._recent = RecentPayloads(budget_of(int(svc.memory_budget) // svc.shards))
         self._deliver_topic = functools.lru_cache(4096)(self.topics.deliver)  # named once
         self._store = store
         # command topic -> who sent what is on it: nobody known without [auth] (None); with
@@ -297,6 +296,7 @@ class Service:
         ts = rec.timestamp()[1]
         payload = Payload(rec.key(), rec.value(), headers, ts)
         batch.cp.payloads[bm] = payload
+        self._recent.add(bm, payload.encode())  # (encoded once: the state write stores it)
         headers_seen = dict(payload.headers)
         for name in queues:
             q = self.engine.queues[name]
@@ -360,15 +360,19 @@ class Service:
     # -- effects ---------------------------------------------------------------------------
     def _packed(self, bm: Bookmark, batch: _Batch, queue: str) -> bytes:
         """A message's payload as envelopes carry it: stored packed, so passed on as it is."""
-        p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
-        packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
+        packed = self._recent.get(bm)  # else this batch's, a batch's on its way, or stored
+        if packed is None:
+            p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
+            packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
         if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
         return packed
 
     def _stored_payload(self, bm: Bookmark) -> Payload | None:
         assert self._store is not None  # held for a state write yet to come, or stored
-        return self._committer.held_payload(bm) or load_payload(self._store, bm)
+        packed = self._recent.get(bm)
+        return (Payload.decode(packed) if packed is not None
+                else self._committer.held_payload(bm) or load_payload(self._store, bm))
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
         packed = self._packed(d.bookmark, batch, d.queue)
@@ -385,15 +389,5 @@ class Service:
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
                body: dict[str, Any] | None = None, error: str | None = None) -> None:
-        q = self.engine.queues.get(body.get("queue", "")) if body and "sub_id" in body else None
-        if body is not None and (q is not None or request_id == NOTICE):
-            body = {**body, "shard": self.shard}  # where the client's commands go from now
-            if q is None:  # a notice: news of the client's subscriptions on this shard
-                log.info("told client %s: %s", client, body)
-        if q is not None and q.config.schema_:  # a subscriber decodes msg.data with it
-            body = {**(body or {}), "schema": load_schema(q.config.schema_)}
-        env = wire.encode("envelope", {
-            "kind": "error" if error else "reply", "request_id": request_id,
-            "body": json.dumps(body) if body is not None else None, "error": error,
-        })
-        batch.outbox.deliveries.append(OutRecord(self.topics.deliver(client), env))
+        batch.outbox.deliveries.append(reply_record(
+            self.engine, self.shard, self.topics.deliver(client), client, request_id, body, error))
