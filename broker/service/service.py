@@ -55,7 +55,7 @@ from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
 from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
-from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
+from broker.state.layout import Checkpoint, Payload, load_meta, load_payload
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -114,7 +114,8 @@ class Service:
         self._stop = threading.Event()
         # Crash tests only: a held batch rides with the next one (as in a busy service).
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
-        self._release = IdleRelease(lambda: [self.engine.pager, *filter(None, [self._store])])
+        self._release = IdleRelease(lambda: [self.engine.pager, *filter(None, [self._store]),
+                                             self._recent])
         self.ready = threading.Event()
         self._snapshots: SnapshotWriter | None = None
 
@@ -363,7 +364,8 @@ class Service:
         packed = self._recent.get(bm)  # else this batch's, a batch's on its way, or stored
         if packed is None:
             p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
-            packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
+            assert self._store is not None
+            packed = p.encode() if p is not None else self._recent.read(bm, self._store)
         if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
         return packed
