@@ -8,12 +8,6 @@ shard's `memory_budget`, taken from the pager's part), the oldest dropped first,
 them once the service falls idle. A payload is the same for every reading of its record (a
 bookmark names one record), so an entry is never stale: one whose message is gone only
 waits to be dropped.
-
-A backlog is delivered from the store, mostly in offset order: once two reads from the store
-follow each other in one partition, each read fetches the next READ_AHEAD offsets' payloads
-with it (fewer, for payloads so large that a quarter of the budget would not hold them), in
-one multi-get (about half the cost per payload of a get), and keeps them for the deliveries
-that follow.
 """
 
 from __future__ import annotations
@@ -27,8 +21,6 @@ from broker.values import Bookmark
 SHARE: Final = 16  # the budget: this fraction of a shard's memory budget
 # What an entry holds besides its payload's bytes: the bytes object and the dict's slot
 ENTRY_OVERHEAD: Final = 100
-READ_AHEAD: Final = 64  # payloads read together from the store, in offset order
-IN_ORDER: Final = 4  # a read this close after the last one's end walks the partition in order
 
 
 def budget_of(shard_budget: int) -> int:
@@ -40,9 +32,6 @@ class RecentPayloads:
         self._budget = budget
         self._held = 0  # bytes, as counted against the budget
         self._payloads: dict[Bookmark, bytes] = {}  # in arrival order: the oldest first
-        # (topic, partition) -> the offset after the last read from the store there: a read
-        # from there (up to IN_ORDER further: gone messages) walks the partition in order
-        self._read_to: dict[tuple[str, int], int] = {}
 
     def __len__(self) -> int:
         return len(self._payloads)
@@ -72,22 +61,5 @@ class RecentPayloads:
         return True
 
     def read(self, bm: Bookmark, store: Store) -> bytes | None:
-        """`bm`'s payload, not kept here: from the store (None: it has none), with the next
-        offsets' when reads walk the partition in order (those kept)."""
-        where, offset = (bm.topic, bm.partition), bm.offset
-        last = self._read_to.get(where)
-        packed = as_packed(store.get(payload_key(bm)))
-        if packed is None or last is None or not last <= offset < last + IN_ORDER:
-            self._read_to[where] = offset + 1
-            return packed
-        # as many as a quarter of the budget holds, at this one's size
-        n = min(READ_AHEAD, self._budget // 4 // (len(packed) + ENTRY_OVERHEAD))
-        ahead = [Bookmark(bm.topic, bm.partition, o) for o in range(offset + 1, offset + 1 + n)]
-        self._read_to[where] = offset + 1 + n
-        if ahead:
-            for b, raw in zip(ahead, store.get_many([payload_key(b) for b in ahead]),
-                              strict=True):
-                found = as_packed(raw)
-                if found is not None:
-                    self.add(b, found)
-        return packed
+        """`bm`'s payload, not kept here: from the store (None: it has none)."""
+        return as_packed(store.get(payload_key(bm)))

@@ -98,10 +98,6 @@ class RocksStore:
         value = self._db.get(key)
         return None if value is None else bytes(value)
 
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        # (a list: RocksDB's MultiGet, about half the cost per key of a get)
-        return [None if v is None else bytes(v) for v in self._db.get(keys)]  # type: ignore[arg-type, union-attr]
-
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         for key, value in self._db.items(from_key=prefix):  # iterated in Rust: 2x faster
             assert isinstance(key, bytes) and isinstance(value, bytes)  # raw mode

@@ -10,10 +10,6 @@ from typing import Protocol
 class Store(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        """Each key's value (None: absent), read together: cheaper than one by one."""
-        ...
-
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, value) whose key starts with `prefix`, in key order."""
         ...
@@ -45,9 +41,6 @@ class MemoryStore:
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
-
-    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        return [self._data.get(key) for key in keys]
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         for key in sorted(k for k in self._data if k.startswith(prefix)):
