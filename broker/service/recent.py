@@ -1,11 +1,13 @@
 """The payloads of the messages that arrived last, kept in memory for their deliveries.
 
 A delivery carries its message's payload, stored packed in RocksDB at arrival. Reading it
-back is a random get, about 3 µs: a tenth of `kq serve`'s instructions in a drain. But most
-deliveries come soon after their message arrived (a queue that keeps up), so the packed
-payloads of the latest arrivals stay here too, up to a byte budget (a sixteenth of the
-shard's `memory_budget`, taken from the pager's part), the oldest dropped first, and all of
-them once the service falls idle. A payload is the same for every reading of its record (a
+back is a random get, about 3 µs: a tenth of `kq serve`'s instructions in a drain. But in a
+queue that keeps up each delivery comes soon after its message arrived, so the packed
+payloads of the latest arrivals stay here too, up to a byte budget (a sixty-fourth of the
+shard's `memory_budget`, taken from the pager's part: 1 MiB by default, about a second's
+payloads at 5,000 messages a second), the oldest dropped first, and all of them
+once the service falls idle (what they leave behind in Python's allocator stays resident:
+the budget is kept small for that). A payload is the same for every reading of its record (a
 bookmark names one record), so an entry is never stale: one whose message is gone only
 waits to be dropped.
 """
@@ -18,7 +20,7 @@ from broker.state.layout import as_packed, payload_key
 from broker.state.store import Store
 from broker.values import Bookmark
 
-SHARE: Final = 16  # the budget: this fraction of a shard's memory budget
+SHARE: Final = 64  # the budget: this fraction of a shard's memory budget
 # What an entry holds besides its payload's bytes: the bytes object and the dict's slot
 ENTRY_OVERHEAD: Final = 100
 
