@@ -14,6 +14,7 @@ waits to be dropped.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Final
 
 from broker.state.layout import as_packed, payload_key
@@ -33,24 +34,23 @@ class RecentPayloads:
     def __init__(self, budget: int) -> None:
         self._budget = budget
         self._held = 0  # bytes, as counted against the budget
-        self._payloads: dict[Bookmark, bytes] = {}  # in arrival order: the oldest first
+        self._payloads: dict[Bookmark, bytes] = {}
+        self._order: deque[Bookmark] = deque()  # the same, in arrival order: oldest first
 
     def __len__(self) -> int:
         return len(self._payloads)
 
     def add(self, bm: Bookmark, packed: bytes) -> None:
-        """`bm`'s record arrived (again): its payload joins the latest."""
-        old = self._payloads.pop(bm, None)
-        if old is not None:
-            self._held -= len(old) + ENTRY_OVERHEAD
+        """`bm`'s record arrived: its payload joins the latest (one read again, after a
+        rewind, is the same record: kept as it is)."""
         size = len(packed) + ENTRY_OVERHEAD
-        if size > self._budget:
+        if size > self._budget or bm in self._payloads:
             return
         self._payloads[bm] = packed
+        self._order.append(bm)
         self._held += size
         while self._held > self._budget:  # the oldest make room
-            oldest = next(iter(self._payloads))
-            self._held -= len(self._payloads.pop(oldest)) + ENTRY_OVERHEAD
+            self._held -= len(self._payloads.pop(self._order.popleft())) + ENTRY_OVERHEAD
 
     def get(self, bm: Bookmark) -> bytes | None:
         return self._payloads.get(bm)
@@ -59,7 +59,7 @@ class RecentPayloads:
         """The service fell idle: nothing arrives, nothing is acked, so no delivery is near.
         The payloads go (their memory with them, at the idle trim); deliveries that come
         later read from the store, ahead when in order."""
-        self._payloads, self._held = {}, 0
+        self._payloads, self._order, self._held = {}, deque(), 0
         return True
 
     def read(self, bm: Bookmark, store: Store) -> bytes | None:

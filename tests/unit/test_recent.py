@@ -29,14 +29,15 @@ def test_the_latest_payloads_are_kept_within_the_budget_the_oldest_dropped_first
     assert len(recent) == 3
 
 
-def test_a_record_read_again_counts_once_and_becomes_the_latest():
+def test_a_record_read_again_is_kept_once():
     recent = RecentPayloads(budget=2 * (10 + ENTRY_OVERHEAD))
     recent.add(bm(0), b"a" * 10)
     recent.add(bm(1), b"b" * 10)
-    recent.add(bm(0), b"a" * 10)  # read again (a rewind): now the latest, not a second entry
-    recent.add(bm(2), b"c" * 10)  # room made by the oldest: 1, not 0
+    recent.add(bm(0), b"a" * 10)  # read again (a rewind): the same record, not a second entry
+    assert len(recent) == 2 and recent.get(bm(1)) == b"b" * 10
+    recent.add(bm(2), b"c" * 10)  # room made by the oldest, 0
     assert (recent.get(bm(0)), recent.get(bm(1)), recent.get(bm(2))) == (
-        b"a" * 10, None, b"c" * 10)
+        None, b"b" * 10, b"c" * 10)
 
 
 def test_a_payload_larger_than_the_budget_is_not_kept_and_drops_nothing():
