@@ -30,7 +30,6 @@ SOURCES = [
     "broker/service/envelopes.py",
     "broker/service/inputs.py",
     "broker/service/journal.py",
-    "broker/service/recent.py",
     "broker/service/routing.py",
     "broker/service/sending.py",
     "broker/service/service.py",

@@ -30,8 +30,8 @@ class ServiceConfig(_Strict):
     exactly_once: StrictBool = False
     """Wrap each commit (journal, deliveries, dead letters) in a Kafka transaction."""
     memory_budget: ByteSize = Field(ByteSize(64 * 1024 * 1024), ge=16 * 1024 * 1024)
-    """What RocksDB's block caches and memtables, and the latest arrivals' payloads kept for
-    their deliveries, may use together (e.g. "64MiB", "1GB"); at least 16 MiB."""
+    """What RocksDB's block caches and memtables may use together (e.g. "64MiB", "1GB");
+    at least 16 MiB."""
     kafka: dict[str, str | int | bool] = Field(default_factory=dict)
     """The `[service.kafka]` table: librdkafka settings for every Kafka client of the
     service (security, tuning; `group.protocol` = classic or consumer). Settings kq decides

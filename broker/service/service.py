@@ -47,7 +47,6 @@ from broker.service.memory import IdleRelease, calm_collector, thaw_collector
 from broker.service.metrics import Metrics
 from broker.service.notices import say_lost, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
-from broker.service.recent import RecentPayloads, budget_of
 from broker.service.recovery import recover
 from broker.service.routing import Router
 from broker.service.shard_io import ShardIO
@@ -55,7 +54,7 @@ from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
 from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
-from broker.state.layout import Checkpoint, Payload, load_meta, load_payload
+from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -99,7 +98,6 @@ class Service:
                              auth=dict(config.auth) or None,
                              doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
-        self._recent = RecentPayloads(budget_of(int(svc.memory_budget) // svc.shards))
         self._deliver_topic = functools.lru_cache(4096)(self.topics.deliver)  # named once
         self._store = store
         # command topic -> who sent what is on it: nobody known without [auth] (None); with
@@ -114,8 +112,7 @@ class Service:
         self._stop = threading.Event()
         # Crash tests only: a held batch rides with the next one (as in a busy service).
         self._idle_flush = not os.environ.get("KQ_TEST_NO_IDLE_FLUSH")
-        self._release = IdleRelease(lambda: [self.engine.pager, *filter(None, [self._store]),
-                                             self._recent])
+        self._release = IdleRelease(lambda: [self.engine.pager, *filter(None, [self._store])])
         self.ready = threading.Event()
         self._snapshots: SnapshotWriter | None = None
 
@@ -297,7 +294,6 @@ class Service:
         ts = rec.timestamp()[1]
         payload = Payload(rec.key(), rec.value(), headers, ts)
         batch.cp.payloads[bm] = payload
-        self._recent.add(bm, payload.encode())  # (encoded once: the state write stores it)
         headers_seen = dict(payload.headers)
         for name in queues:
             q = self.engine.queues[name]
@@ -361,20 +357,15 @@ class Service:
     # -- effects ---------------------------------------------------------------------------
     def _packed(self, bm: Bookmark, batch: _Batch, queue: str) -> bytes:
         """A message's payload as envelopes carry it: stored packed, so passed on as it is."""
-        packed = self._recent.get(bm)  # else this batch's, a batch's on its way, or stored
-        if packed is None:
-            p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
-            assert self._store is not None
-            packed = p.encode() if p is not None else self._recent.read(bm, self._store)
+        p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
+        packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
         if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
         return packed
 
     def _stored_payload(self, bm: Bookmark) -> Payload | None:
         assert self._store is not None  # held for a state write yet to come, or stored
-        packed = self._recent.get(bm)
-        return (Payload.decode(packed) if packed is not None
-                else self._committer.held_payload(bm) or load_payload(self._store, bm))
+        return self._committer.held_payload(bm) or load_payload(self._store, bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
         packed = self._packed(d.bookmark, batch, d.queue)

@@ -11,7 +11,6 @@ from confluent_kafka.admin import AdminClient
 
 from broker.config import Config
 from broker.kafka import clients
-from broker.service.recent import budget_of
 from broker.service.topics import Topics, prepare_topics, shard_dir
 from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
@@ -42,11 +41,9 @@ class ShardIO:
         prepare_topics(admin, topics, command_topics, svc)
         pager = None
         if store is None:  # RocksDB: each shard gets its part of the memory budget,
-            # half for the state, half for the pager and the recent payloads (.recent)
-            budget = int(svc.memory_budget) // svc.shards
+            budget = int(svc.memory_budget) // svc.shards  # half for state, half for pager
             store = RocksStore(shard_dir(svc.data_dir, shard), budget - budget // 2)
-            pager = RocksPager(shard_dir(svc.data_dir, shard) / "pager",
-                               budget // 2 - budget_of(budget), reuse=True)
+            pager = RocksPager(shard_dir(svc.data_dir, shard) / "pager", budget // 2, reuse=True)
         # with exactly_once, transactional: its start fences an earlier owner of this shard
         producer = clients.service_producer(bootstrap, extra, (
             f"{topics.prefix}.shard.{shard}" if svc.exactly_once else None))

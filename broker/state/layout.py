@@ -386,8 +386,10 @@ def _load_stored(bm_text: str, data: bytes) -> Message:
     return decode_message(Bookmark.parse(bm_text), data)
 
 
-def as_packed(raw: bytes | None) -> bytes | None:
-    """A stored payload (None: none) as a delivery envelope carries it, not unpacked."""
+def load_packed_payload(store: Store | None, bm: Bookmark) -> bytes | None:
+    """A stored payload as a delivery envelope carries it, without unpacking it."""
+    assert store is not None
+    raw = store.get(payload_key(bm))
     if raw is None or is_packed_payload(raw):
         return raw
     return Payload.decode(raw).encode()  # written before payloads were packed

@@ -11,9 +11,9 @@ from broker.engine.states import MessageState
 from broker.service.envelopes import Envelopes
 from broker.state.layout import (
     Payload,
-    as_packed,
     decode_message,
     encode_message,
+    load_packed_payload,
     payload_key,
 )
 from broker.state.store import MemoryStore
@@ -42,12 +42,12 @@ def test_a_payload_goes_into_envelopes_packed_whichever_kq_stored_it():
     store = MemoryStore()
     packed = Payload(b"k", b"v", [("h", None)], 9).encode()
     store.write({payload_key(BM): packed}, ())
-    assert as_packed(store.get(payload_key(BM))) == packed
+    assert load_packed_payload(store, BM) == packed
     store.write({payload_key(BM): wire.encode("stored_payload", {
         "key": b"k", "value": b"v", "timestamp_ms": 9,
         "headers": [{"key": "h", "value": None}]})}, ())
-    assert as_packed(store.get(payload_key(BM))) == packed
-    assert as_packed(store.get(payload_key(Bookmark("ORDERS", 2, 42)))) is None
+    assert load_packed_payload(store, BM) == packed
+    assert load_packed_payload(store, Bookmark("ORDERS", 2, 42)) is None
 
 
 def test_a_stored_message_reads_back_as_written():
