@@ -329,7 +329,9 @@ class Committer:
                 "marker": None, "writer": self.writer, "writer_offset": self.writer_offset,
                 # positions ride on the last part: they count only once the batch is whole
                 "inputs": inputs if i == len(chunks) - 1 else [],
-                "transitions": [], "columns": encode_columns(chunk),
+                # the union's branch named: fastavro otherwise validates the whole record
+                # against each branch to choose one (a third of writing a part)
+                "transitions": [], "columns": ("kq.Columns", encode_columns(chunk)),
             }), partition=self._partition)
             for i, chunk in enumerate(chunks)
         ]
