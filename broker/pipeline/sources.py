@@ -190,7 +190,10 @@ def part_arrow(part: dict[str, Any], columns: tuple[str, ...] = FIELDS) -> pa.Re
                   for i, t in enumerate(part["transitions"])]
         return pa.RecordBatch.from_pylist(listed, schema=JOURNAL_SCHEMA)
     n = cols["count"]
-    strings = pa.array(cols["strings"], pa.string())
+    strings = (pa.StringArray.from_buffers(  # (version 7: the table as Arrow lays it out)
+        len(cols["string_offsets"]) // 4 - 1, pa.py_buffer(cols["string_offsets"]),
+        pa.py_buffer(cols["string_data"])) if cols.get("string_offsets")
+        else pa.array(cols["strings"], pa.string()))
     arrays: dict[str, pa.Array] = {
         "batch": pa.array(np.full(n, part["batch"], np.int64)),
         "offset": pa.array(np.full(n, part["offset"], np.int64)),

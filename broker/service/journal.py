@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from operator import attrgetter, itemgetter
 from typing import Any, Final
 
@@ -147,8 +148,21 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
                 out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
         else:
             out[name] = pack_array(_CODE[kind], values)
-    out["strings"] = list(table)
+    # the table packed (version 7): fastavro writes an array of strings one item at a time
+    encoded = [text.encode() for text in table]
+    out["strings"] = []
+    out["string_offsets"] = pack_array("i", accumulate(map(len, encoded), initial=0))
+    out["string_data"] = b"".join(encoded)
     return out
+
+
+def strings_of(cols: dict[str, Any]) -> list[str]:
+    """A part's table of distinct strings, packed (version 7) or listed (before)."""
+    if not cols.get("string_offsets"):
+        return list(cols["strings"])
+    data = cols["string_data"]
+    ends = unpack_array("i", cols["string_offsets"])
+    return [data[start:end].decode() for start, end in pairwise(ends)]
 
 
 def _transition_columns(rows: list[Transition]) -> list[list[Any]]:
@@ -168,7 +182,7 @@ def _transition_columns(rows: list[Transition]) -> list[list[Any]]:
 
 def decode_columns(cols: dict[str, Any]) -> list[dict[str, Any]]:
     """The `columns` record of a journal part -> one dict per transition (as version 1)."""
-    strings = cols["strings"]
+    strings = strings_of(cols)
     values: list[list[Any]] = []
     for name, kind in COLUMNS:
         if not cols[name] and cols["count"]:  # a column added later: all NULL
@@ -219,7 +233,7 @@ def transitions_in(part: Part) -> list[Transition]:
     cols = part.get("columns")
     if not cols:
         return [transition_from(r) for r in part["transitions"]]
-    strings = cols["strings"]
+    strings = strings_of(cols)
     kinds = [Kind(strings[i]) for i in unpack_array("i", cols["kind"])]
     text = [None if i < 0 else strings[i] for i in range(-1, len(strings))]
     marks: dict[int, Bookmark | None] = {-1: None}

@@ -112,7 +112,7 @@ def test_packed_columns_reach_arrow_as_the_rows_they_hold():
     from broker.history.journal import FIELDS
     from broker.pipeline.sources import part_arrow
     from broker.service.journal import encode_columns, transitions_of
-    from tests.unit.test_journal_batches import sample_transitions
+    from tests.unit.test_journal_batches import listed_strings, sample_transitions
 
     part = wire.decode("journal", wire.encode("journal", {
         "batch": 4, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
@@ -121,6 +121,8 @@ def test_packed_columns_reach_arrow_as_the_rows_they_hold():
     expected = [{f: {"batch": 4, "offset": 99, "index": i, **t}[f] for f in FIELDS}
                 for i, t in enumerate(transitions_of(part))]
     assert part_arrow(part).to_pylist() == expected
+    listed = {**part, "columns": listed_strings(dict(part["columns"]))}
+    assert part_arrow(listed).to_pylist() == expected  # versions 2-6: the strings listed
     old_style = {**part, "columns": None, "transitions": [
         {**t, "max_backlog": 0, "filter": None, "priority": None, "barrier": False,
          "browse": False, "principal": None} for t in transitions_of(part)]}

@@ -44,14 +44,25 @@ def sample_transitions():
                    client="wörker", delivery_count=2, deadline_ms=70_011),
         Transition(Kind.SUBSCRIBED, "ORDERS", 12, sub_id="s1", client="wörker", max_backlog=7,
                    filter="/sym = 'IBM'", browse=True, principal="p", seq=-1),
+        Transition(Kind.SUBSCRIBED, "ORDERS", 12, sub_id="", client="w\n2", max_backlog=1,
+                   filter="/sym IN ('😀', 'a\nb')", seq=-1),
         Transition(Kind.REMOVED, "Q2", 13, Bookmark("T", 0, 2**40), cancel_count=3,
                    reason="max-cancels", priority=-1e300),
     ]
 
 
+def listed_strings(cols):
+    """Columns as versions 2-6 wrote them: the table of strings as an array."""
+    from broker.service.journal import strings_of
+
+    cols["strings"] = strings_of(cols)
+    del cols["string_offsets"], cols["string_data"]
+    return cols
+
+
 def test_packed_columns_give_back_every_field_of_every_transition():
     from broker import wire
-    from broker.service.journal import encode_columns, transitions_of
+    from broker.service.journal import encode_columns, strings_of, transitions_of
 
     ts = sample_transitions()
     part = wire.decode("journal", wire.encode("journal", {
@@ -64,7 +75,9 @@ def test_packed_columns_give_back_every_field_of_every_transition():
             expected = getattr(t, name)
             expected = str(expected) if name in ("kind", "bookmark") and expected else expected
             assert value == expected, (name, value, expected)
-    assert part["columns"]["strings"].count("ORDERS") == 1  # one table of distinct strings
+    table = strings_of(part["columns"])
+    assert table.count("ORDERS") == 1  # one table of distinct strings
+    assert part["columns"]["strings"] == []  # packed (version 7), not an array of strings
 
 
 def test_recovery_builds_the_same_transitions_straight_from_the_columns():
@@ -88,7 +101,7 @@ def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null
     from broker.service.journal import encode_columns, transitions_in
 
     ts = sample_transitions()
-    cols = encode_columns(ts)
+    cols = listed_strings(encode_columns(ts))
     for name in ("not_before_ms", "not_before_ms_set", "size", "size_set", "sort_text"):
         del cols[name]
     with open(wire._schema_dir() / "history" / "journal.2.avsc") as f:
@@ -101,6 +114,27 @@ def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null
     back = transitions_in(wire.decode("journal", buf.getvalue()))
     assert [(t.not_before_ms, t.size, t.sort_text) for t in back] == [(None, None, None)] * len(ts)
     assert [t.seq for t in back] == [t.seq for t in ts]
+
+
+def test_a_part_of_version_6_with_its_strings_listed_reads_the_same():
+    import io
+    import json
+
+    import fastavro
+
+    from broker import wire
+    from broker.service.journal import encode_columns, transitions_in
+
+    ts = sample_transitions()
+    cols = listed_strings(encode_columns(ts))
+    with open(wire._schema_dir() / "history" / "journal.6.avsc") as f:
+        v6 = fastavro.parse_schema(json.load(f))
+    buf = io.BytesIO()
+    buf.write(wire.MARKER + wire._fingerprint_of(v6))
+    fastavro.schemaless_writer(buf, v6, {
+        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": cols})
+    assert transitions_in(wire.decode("journal", buf.getvalue())) == ts
 
 
 def test_transitions_and_other_objects_with_their_fields_pack_alike():
