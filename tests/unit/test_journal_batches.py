@@ -91,12 +91,26 @@ def test_recovery_builds_the_same_transitions_straight_from_the_columns():
     assert transitions_in(part) == ts
 
 
-def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null():
+def written_with(version: int, cols) -> bytes:
+    """A part with `cols`, as a kq writing journal schema `version` wrote it."""
     import io
     import json
 
     import fastavro
 
+    from broker import wire
+
+    with open(wire._schema_dir() / "history" / f"journal.{version}.avsc") as f:
+        old = fastavro.parse_schema(json.load(f))
+    buf = io.BytesIO()
+    buf.write(wire.MARKER + wire._fingerprint_of(old))
+    fastavro.schemaless_writer(buf, old, {
+        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
+        "transitions": [], "columns": cols})
+    return buf.getvalue()
+
+
+def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null():
     from broker import wire
     from broker.service.journal import encode_columns, transitions_in
 
@@ -104,37 +118,18 @@ def test_a_part_written_before_the_held_size_and_sort_columns_reads_them_as_null
     cols = listed_strings(encode_columns(ts))
     for name in ("not_before_ms", "not_before_ms_set", "size", "size_set", "sort_text"):
         del cols[name]
-    with open(wire._schema_dir() / "history" / "journal.2.avsc") as f:
-        v2 = fastavro.parse_schema(json.load(f))
-    buf = io.BytesIO()
-    buf.write(wire.MARKER + wire._fingerprint_of(v2))
-    fastavro.schemaless_writer(buf, v2, {
-        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
-        "transitions": [], "columns": cols})
-    back = transitions_in(wire.decode("journal", buf.getvalue()))
+    back = transitions_in(wire.decode("journal", written_with(2, cols)))
     assert [(t.not_before_ms, t.size, t.sort_text) for t in back] == [(None, None, None)] * len(ts)
     assert [t.seq for t in back] == [t.seq for t in ts]
 
 
 def test_a_part_of_version_6_with_its_strings_listed_reads_the_same():
-    import io
-    import json
-
-    import fastavro
-
     from broker import wire
     from broker.service.journal import encode_columns, transitions_in
 
     ts = sample_transitions()
     cols = listed_strings(encode_columns(ts))
-    with open(wire._schema_dir() / "history" / "journal.6.avsc") as f:
-        v6 = fastavro.parse_schema(json.load(f))
-    buf = io.BytesIO()
-    buf.write(wire.MARKER + wire._fingerprint_of(v6))
-    fastavro.schemaless_writer(buf, v6, {
-        "batch": 1, "part": 0, "parts": 1, "written_ms": 0, "marker": None, "inputs": [],
-        "transitions": [], "columns": cols})
-    assert transitions_in(wire.decode("journal", buf.getvalue())) == ts
+    assert transitions_in(wire.decode("journal", written_with(6, cols))) == ts
 
 
 def test_transitions_and_other_objects_with_their_fields_pack_alike():
