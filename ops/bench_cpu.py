@@ -116,7 +116,7 @@ def _service(tmp: Path) -> tuple[Service, dict[str, list[tuple[str, int]]]]:
                    "max_per_subscription_backlog": 100_000}]})
     svc = Service(config, "unused")
     store = RocksStore(tmp / "state", 64 << 20)
-    svc.engine.use_pager(RocksPager(tmp / "pager", 64 << 20))
+    svc.use_pager(RocksPager(tmp / "pager", 64 << 20))
     svc._store = store
     svc._committer = Committer(_Kafka(), store, svc.engine, "kq.journal",  # type: ignore[arg-type]
                                next_batch=0)

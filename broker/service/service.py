@@ -55,6 +55,7 @@ from broker.service.snapshots import SnapshotWriter
 from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
+from broker.state.pager import RocksPager
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -98,6 +99,7 @@ class Service:
                              auth=dict(config.auth) or None,
                              doc_loader=lambda queue, bm: self._docs.load(queue, bm))
         self._batch_payloads: dict[Bookmark, Payload] = {}
+        self._pager: RocksPager | None = None
         self._deliver_topic = functools.lru_cache(4096)(self.topics.deliver)  # named once
         self._store = store
         # command topic -> who sent what is on it: nobody known without [auth] (None); with
@@ -106,8 +108,8 @@ class Service:
             self.topics.commands: "" if config.auth else None,
             **{self.topics.commands_of(p): p for p in config.auth}}
         self.metrics = metrics or Metrics()
-        self._docs = Docs(queues, self.metrics, lambda bm: self._batch_payloads.get(bm)
-                          or self._stored_payload(bm))
+        self._docs = Docs(queues, self.metrics,
+                          lambda bm: self._in_hand(bm) or load_payload(self._store, bm))
         self._still_owner = still_owner  # the group still gives this process the shard
         self._stop = threading.Event()
         # Crash tests only: a held batch rides with the next one (as in a busy service).
@@ -127,7 +129,7 @@ class Service:
                           self._store)
         self._store = store = io.store
         if io.pager is not None:
-            self.engine.use_pager(io.pager)
+            self.use_pager(io.pager)
         try:
             self._fence = fence = Fence(io.journal_reader, self.topics.journal, self.shard,
                           session_s=svc.session_timeout.ms / 1000, still_owner=self._still_owner)
@@ -175,6 +177,12 @@ class Service:
             io.close()
             self._committer = None  # type: ignore[assignment]  # a stopping broker waits
             thaw_collector()  # for open connections: drop its clients, free the shard
+
+    def use_pager(self, pager: RocksPager) -> None:
+        """Page deep queues out to `pager`, with the payloads in hand in their rows."""
+        self.engine.use_pager(pager)
+        pager.payload_source = lambda bm: None if (p := self._in_hand(bm)) is None else p.encode()
+        self._pager = pager
 
     def lag(self) -> int:
         return self.inputs.lag() if hasattr(self, "inputs") else 0
@@ -356,16 +364,19 @@ class Service:
 
     # -- effects ---------------------------------------------------------------------------
     def _packed(self, bm: Bookmark, batch: _Batch, queue: str) -> bytes:
-        """A message's payload as envelopes carry it: stored packed, so passed on as it is."""
-        p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
-        packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
+        """A message's payload as envelopes carry it: stored packed, so passed on as it is.
+        From memory when it can be (its batch, one on its way, its row in the pager)."""
+        packed = self._pager.payload(bm) if self._pager is not None else None
+        if packed is None:
+            p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
+            packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
         if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
         return packed
 
-    def _stored_payload(self, bm: Bookmark) -> Payload | None:
-        assert self._store is not None  # held for a state write yet to come, or stored
-        return self._committer.held_payload(bm) or load_payload(self._store, bm)
+    def _in_hand(self, bm: Bookmark) -> Payload | None:
+        """A payload not stored yet: its batch's, or one on its way (the committer's)."""
+        return self._batch_payloads.get(bm) or self._committer.held_payload(bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
         packed = self._packed(d.bookmark, batch, d.queue)

@@ -395,6 +395,7 @@ def load_packed_payload(store: Store | None, bm: Bookmark) -> bytes | None:
     return Payload.decode(raw).encode()  # written before payloads were packed
 
 
-def load_payload(store: Store, bm: Bookmark) -> Payload | None:
+def load_payload(store: Store | None, bm: Bookmark) -> Payload | None:
+    assert store is not None
     raw = store.get(payload_key(bm))
     return Payload.decode(raw) if raw else None

@@ -7,7 +7,8 @@ leaves a marker (`keep`) naming the state it matches (the store's journal offset
 queue's count and ranking), and a start whose store and queues still match uses the pager as
 it is (broker.service.swap). Opening removes the marker for good first, so after a crash the
 pager is rebuilt. Keys, each prefixed by the queue's name and a NUL:
-  o ORDER      the message (its packed record and bookmark), in delivery order
+  o ORDER      the message (its packed record, its packed payload when it was in hand at
+               page-out, its bookmark), in delivery order
   b BOOKMARK   its ORDER
   s SEQ        its ORDER, in arrival order, for a message with a priority or a sort key
                only: the ORDER of one without either is its SEQ (the o keys of those are
@@ -25,13 +26,14 @@ import json
 import math
 import shutil
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from broker.engine.queue import Message
+from broker.state.held import HeldPayloads
 from broker.state.layout import decode_message, encode_message
 from broker.state.rocks import MemtableShedder, bounded_options
 from broker.values import Bookmark
@@ -39,6 +41,7 @@ from broker.values import Bookmark
 SEP: Final = b"\x00"
 _SEQ: Final = struct.Struct(">q")
 _LEN: Final = struct.Struct("<H")
+_PAYLOAD_LEN: Final = struct.Struct("<I")  # 0: no payload in the row (read from the store)
 PENDING_LIMIT: Final = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
 _NO_PRIORITY: Final = b"\x01" + bytes(8)  # order_key's head for a message without a priority
@@ -70,11 +73,28 @@ def _double(value: float) -> bytes:
     return _BITS.pack(bits | 1 << 63)  # positive: above every negative
 
 
-def _message(data: bytes) -> Message:
+def _row(packed: bytes, payload: bytes, bm: bytes) -> bytes:
+    """An o key's value: the packed message, the packed payload (or none), the bookmark."""
+    return b"".join((_LEN.pack(len(packed)), packed, _PAYLOAD_LEN.pack(len(payload)), payload,
+                     bm))
+
+
+def _fields(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """An o key's value as (packed message, packed payload or b"", bookmark text)."""
     (size,) = _LEN.unpack_from(data)
-    start = _LEN.size
-    bm = Bookmark.parse(data[start + size:].decode())
-    return decode_message(bm, data[start:start + size])
+    end = _LEN.size + size
+    (plen,) = _PAYLOAD_LEN.unpack_from(data, end)
+    start = end + _PAYLOAD_LEN.size
+    return data[_LEN.size:end], data[start:start + plen], data[start + plen:]
+
+
+def _message(data: bytes) -> Message:
+    packed, _, bm = _fields(data)
+    return decode_message(Bookmark.parse(bm.decode()), packed)
+
+
+def _no_payload(bm: Bookmark) -> bytes | None:
+    return None
 
 
 def _seq_of(item: tuple[int, bytes]) -> int:
@@ -83,8 +103,9 @@ def _seq_of(item: tuple[int, bytes]) -> int:
 
 KEPT: Final = b"\xffkept"  # the marker of a clean stop (after every queue's keys)
 # The keys' layout, named in the marker of a clean stop: a pager kept by a kq that laid its
-# keys out otherwise (1: an s key for every message) is rebuilt, not read.
-LAYOUT: Final = 2
+# keys out otherwise (1: an s key for every message; 2: no payloads in the rows) is rebuilt,
+# not read.
+LAYOUT: Final = 3
 
 
 class RocksPager:
@@ -92,6 +113,11 @@ class RocksPager:
         """`reuse`: read what a clean stop kept (`kept`), for the caller to check before it
         loads its engine (broker.service.swap.use_kept_pager); otherwise start empty."""
         self._path, self._budget = Path(path), memory_budget
+        # The payloads of messages being paged out, when the service still has them in hand
+        # (an arrival's, in its batch): a page-out writes each into the message's row, so
+        # that its delivery reads it from memory rather than from the store (a RocksDB get).
+        self.payload_source: Callable[[Bookmark], bytes | None] = _no_payload
+        self._held = HeldPayloads()  # those of the rows paged back in (taken by `payload`)
         self._db = self._open(fresh=not reuse)
         # What the last clean stop left (see the module's doc); None: the pager starts empty
         self.kept: dict[str, Any] | None = None
@@ -135,6 +161,7 @@ class RocksPager:
         self._db.close()
         self._db = self._open(fresh=True)
         self.kept, self._counts = None, {}
+        self._held.clear()
 
     def keep(self, marker: dict[str, Any]) -> None:
         """At a clean stop, every available message paged out: leave `marker` (each queue's
@@ -166,8 +193,20 @@ class RocksPager:
         return self._low.get(queue) or self._key(b"o", queue, b"")
 
     def shed_memory(self) -> bool:
+        """Idle: what is held for a while is given back (a payload then comes from the
+        store)."""
         self._flush()
+        self._held.clear()
         return self._shedder.shed(self._db)
+
+    def payload(self, bm: Bookmark) -> bytes | None:
+        """The packed payload of a message paged back in, if its row had it: handed over
+        once (a redelivery reads it from the store)."""
+        return self._held.take(bm)
+
+    def _payload_out(self, msg: Message) -> bytes:
+        """What a page-out writes into `msg`'s row: its payload if held or in hand."""
+        return self.payload(msg.bookmark) or self.payload_source(msg.bookmark) or b""
 
     def close(self) -> None:
         self._flush()
@@ -178,26 +217,30 @@ class RocksPager:
         return kind + queue.encode() + SEP + rest
 
     def put(self, queue: str, msg: Message) -> None:
-        self.put_raw_many(queue, [(msg.order, msg.seq, str(msg.bookmark), encode_message(msg))])
+        self.put_many(queue, [msg])
 
     def put_many(self, queue: str, msgs: list[Message]) -> None:
-        self.put_raw_many(queue, [(m.order, m.seq, str(m.bookmark), encode_message(m))
-                                  for m in msgs])
+        self._put_rows(queue, [(m.order, m.seq, str(m.bookmark), encode_message(m),
+                                self._payload_out(m)) for m in msgs])
 
     def put_raw_many(self, queue: str, items: list[tuple[Any, int, str, bytes]],
                      load: Any = None) -> None:
-        """Records as the store holds them (packed): copied, not decoded."""
+        """Records as the store holds them (packed): copied, not decoded (their payloads
+        stay in the store)."""
+        self._put_rows(queue, [(*item, b"") for item in items])
+
+    def _put_rows(self, queue: str, items: list[tuple[Any, int, str, bytes, bytes]]) -> None:
         if not items:
             return
         put, head = self._pending.put, queue.encode() + SEP
-        o, b, s, pack_len, pack_seq = b"o" + head, b"b" + head, b"s" + head, _LEN.pack, _SEQ.pack
+        o, b, s, pack_seq = b"o" + head, b"b" + head, b"s" + head, _SEQ.pack
         lowest = None
-        for order, seq, text, packed in items:
+        for order, seq, text, packed, payload in items:
             key = order_key(order)
             bm = text.encode()
             if lowest is None or key < lowest:
                 lowest = key
-            put(o + key, pack_len(len(packed)) + packed + bm)
+            put(o + key, _row(packed, payload, bm))
             put(b + bm, key)
             if not key.startswith(_NO_PRIORITY):  # (in arrival order, the o key says it)
                 put(s + pack_seq(seq), key)
@@ -222,11 +265,18 @@ class RocksPager:
         return None if data is None else _message(bytes(data))
 
     def take(self, queue: str, bm: Bookmark) -> Message | None:
-        msg = self.get(queue, bm)
-        if msg is not None:
-            batch = WriteBatch(raw_mode=True)
-            self._drop(batch, queue, order_key(msg.order), msg)
-            self._db.write(batch)
+        self._flush()
+        order: bytes | None = self._db.get(self._key(b"b", queue, str(bm).encode()))
+        data: bytes | None = order and self._db.get(self._key(b"o", queue, order))
+        if order is None or data is None:
+            return None
+        packed, payload, _ = _fields(data)
+        msg = decode_message(bm, packed)
+        if payload:
+            self._held.hold(bm, payload)
+        batch = WriteBatch(raw_mode=True)
+        self._drop(batch, queue, order, msg)
+        self._db.write(batch)
         return msg
 
     def _scan(self, prefix: bytes, start: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -249,10 +299,10 @@ class RocksPager:
         for key, value in self._scan(prefix, self._from(queue)):
             if len(out) >= limit:
                 break
-            (size,) = _LEN.unpack_from(value)
-            end = _LEN.size + size
-            bm = value[end:]  # the bookmark's text, as its `b` key holds it
-            msg = decode_message(Bookmark.parse(bm.decode()), value[_LEN.size:end])
+            packed, payload, bm = _fields(value)  # (bm: the text, as its `b` key holds it)
+            msg = decode_message(Bookmark.parse(bm.decode()), packed)
+            if payload:
+                self._held.hold(msg.bookmark, payload)
             out.append(msg)
             first, last = first or key, key
             delete(by_bm + bm)
