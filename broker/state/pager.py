@@ -89,8 +89,12 @@ def _fields(data: bytes) -> tuple[bytes, bytes, bytes]:
 
 
 def _message(data: bytes) -> Message:
-    packed, _, bm = _fields(data)
-    return decode_message(Bookmark.parse(bm.decode()), packed)
+    """An o key's value's message (its payload left where it is: not copied)."""
+    (size,) = _LEN.unpack_from(data)
+    end = _LEN.size + size
+    (plen,) = _PAYLOAD_LEN.unpack_from(data, end)
+    bm = data[end + _PAYLOAD_LEN.size + plen:].decode()
+    return decode_message(Bookmark.parse(bm), data[_LEN.size:end])
 
 
 def _no_payload(bm: Bookmark) -> bytes | None:
