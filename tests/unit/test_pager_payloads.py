@@ -19,7 +19,7 @@ from broker.engine.queue import Message
 from broker.service.commit import Committer
 from broker.state.held import ENTRY, HeldPayloads
 from broker.state.layout import encode_message
-from broker.state.pager import RocksPager
+from broker.state.pager import LAYOUT, RocksPager
 from broker.values import Bookmark
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops"))
@@ -160,3 +160,15 @@ def test_payloads_held_are_bounded_by_bytes_the_older_half_dropped_first():
         held.hold(Bookmark("T", 0, i), b"x" * (200 - ENTRY))
     kept = [i for i in range(28) if held.take(Bookmark("T", 0, i)) is not None]
     assert kept == [20, 21, 22, 23, 24, 25, 26, 27]  # the older half whole, the newer so far
+
+
+def test_payloads_in_rows_outlast_a_clean_stop(tmp_path):
+    """(A pager kept by a kq whose rows had no payloads is rebuilt: test_swap's layout test.)"""
+    pager = RocksPager(tmp_path / "pager", 32 << 20)
+    pager.payload_source = lambda bm: b"P%d" % bm.offset
+    pager.put_many("Q", [_message(i) for i in range(3)])
+    pager.keep({"offset": 7, "batch": 1, "queues": {"Q": {"ranked": False}}, "layout": LAYOUT})
+    pager.close()
+    again = RocksPager(tmp_path / "pager", 32 << 20, reuse=True)
+    assert again.kept is not None and again.kept["layout"] == 3
+    assert [again.payload(m.bookmark) for m in again.take_first("Q", 3)] == [b"P0", b"P1", b"P2"]
