@@ -42,6 +42,7 @@ SEP: Final = b"\x00"
 _SEQ: Final = struct.Struct(">q")
 _LEN: Final = struct.Struct("<H")
 _PAYLOAD_LEN: Final = struct.Struct("<I")  # 0: no payload in the row (read from the store)
+# (a row: _LEN, the packed message, _PAYLOAD_LEN, the payload, the bookmark; see _bounds)
 PENDING_LIMIT: Final = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
 _NO_PRIORITY: Final = b"\x01" + bytes(8)  # order_key's head for a message without a priority
@@ -81,20 +82,23 @@ def _row(packed: bytes, payload: bytes, bm: bytes) -> bytes:
 
 def _fields(data: bytes) -> tuple[bytes, bytes, bytes]:
     """An o key's value as (packed message, packed payload or b"", bookmark text)."""
-    (size,) = _LEN.unpack_from(data)
-    end = _LEN.size + size
-    (plen,) = _PAYLOAD_LEN.unpack_from(data, end)
-    start = end + _PAYLOAD_LEN.size
-    return data[_LEN.size:end], data[start:start + plen], data[start + plen:]
+    end, start, after = _bounds(data)
+    return data[2:end], data[start:after], data[after:]
 
 
 def _message(data: bytes) -> Message:
     """An o key's value's message (its payload left where it is: not copied)."""
-    (size,) = _LEN.unpack_from(data)
-    end = _LEN.size + size
-    (plen,) = _PAYLOAD_LEN.unpack_from(data, end)
-    bm = data[end + _PAYLOAD_LEN.size + plen:].decode()
-    return decode_message(Bookmark.parse(bm), data[_LEN.size:end])
+    end, _, after = _bounds(data)
+    return decode_message(Bookmark.parse(data[after:].decode()), data[2:end])
+
+
+def _bounds(data: bytes) -> tuple[int, int, int]:
+    """Where a row's packed message ends, its payload starts and its bookmark starts. The
+    lengths are read byte by byte: compiled, an index is a load, where `Struct.unpack_from`
+    is a call through Python that builds a tuple."""
+    end = 2 + (data[0] | data[1] << 8)
+    plen = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
+    return end, end + 4, end + 4 + plen
 
 
 def _no_payload(bm: Bookmark) -> bytes | None:
