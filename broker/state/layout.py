@@ -396,6 +396,5 @@ def load_packed_payload(store: Store | None, bm: Bookmark) -> bytes | None:
 
 
 def load_payload(store: Store | None, bm: Bookmark) -> Payload | None:
-    assert store is not None
-    raw = store.get(payload_key(bm))
+    raw = load_packed_payload(store, bm)  # (one written before packing: packed now)
     return Payload.decode(raw) if raw else None
