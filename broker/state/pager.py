@@ -201,8 +201,7 @@ class RocksPager:
         return self._low.get(queue) or self._key(b"o", queue, b"")
 
     def shed_memory(self) -> bool:
-        """Idle: what is held for a while is given back (a payload then comes from the
-        store)."""
+        """Idle: what is held is given back (a payload then comes from the store)."""
         self._flush()
         self._held.clear()
         return self._shedder.shed(self._db)
@@ -299,29 +298,33 @@ class RocksPager:
         head = queue.encode() + SEP
         prefix, by_bm, by_seq = b"o" + head, b"b" + head, b"s" + head
         out: list[Message] = []
+        keys: list[bytes] = []
         batch = WriteBatch(raw_mode=True)
         delete = batch.delete
-        first = last = b""
+        rows: list[tuple[bytes, bytes, bytes]] = []  # (bm: the text, as its `b` key holds it)
         # (from below every live key, not the prefix: the front's deleted keys are tombstones
         # a seek from the prefix would step over, one by one, until they are compacted)
         for key, value in self._scan(prefix, self._from(queue)):
-            if len(out) >= limit:
+            if len(keys) >= limit:
                 break
-            packed, payload, bm = _fields(value)  # (bm: the text, as its `b` key holds it)
-            msg = decode_message(Bookmark.parse(bm.decode()), packed)
+            keys.append(key)
+            rows.append(_fields(value))
+        if not keys:
+            return out
+        # parsed together: the topic and partition once per run of them (mostly one run)
+        bookmarks = Bookmark.parse_many([bm.decode() for _, _, bm in rows])
+        for key, (packed, payload, bm), bookmark in zip(keys, rows, bookmarks, strict=True):
+            msg = decode_message(bookmark, packed)
             if payload:
-                self._held.hold(msg.bookmark, payload)
+                self._held.hold(bookmark, payload)
             out.append(msg)
-            first, last = first or key, key
             delete(by_bm + bm)
             if not key.startswith(_NO_PRIORITY, len(prefix)):
                 delete(by_seq + _SEQ.pack(msg.seq))
-        if not out:
-            return out
         # What was taken is the front of the o keys: deleted as one range (each key written
-        # to RocksDB costs its memtable an insert, a range one). A message in arrival order
-        # has no s key.
-        batch.delete_range(first, last + SEP)
+        # to RocksDB costs its memtable an insert, a range one). One in arrival order has no
+        # s key.
+        batch.delete_range(keys[0], keys[-1] + SEP)
         self._counts[queue] -= len(out)
         self._db.write(batch)
         return out
