@@ -363,12 +363,12 @@ class Service:
                     self._reply(batch, effect.client, effect.request_id, error=effect.message)
 
     # -- effects ---------------------------------------------------------------------------
-    def _packed(self, bm: Bookmark, batch: _Batch, queue: str) -> bytes:
+    def _packed(self, bm: Bookmark, queue: str) -> bytes:
         """A message's payload as envelopes carry it: stored packed, so passed on as it is.
-        From memory when it can be (its batch, one on its way, its row in the pager)."""
+        From memory when it can be (its row in the pager, its batch, one on its way)."""
         packed = self._pager.payload(bm) if self._pager is not None else None
         if packed is None:
-            p = batch.cp.payloads.get(bm) or self._committer.held_payload(bm)
+            p = self._in_hand(bm)
             packed = p.encode() if p is not None else load_packed_payload(self._store, bm)
         if packed is None:
             raise StateError(f"no stored record for {bm} in queue {queue}")
@@ -379,7 +379,7 @@ class Service:
         return self._batch_payloads.get(bm) or self._committer.held_payload(bm)
 
     def _deliver(self, d: Deliver, batch: _Batch) -> None:
-        packed = self._packed(d.bookmark, batch, d.queue)
+        packed = self._packed(d.bookmark, d.queue)
         if batch.envelopes is None:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self._deliver_topic(d.client), d.sub_id, d.queue,
@@ -388,7 +388,7 @@ class Service:
                             packed)
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
-        p = Payload.decode(self._packed(d.bookmark, batch, d.queue))
+        p = Payload.decode(self._packed(d.bookmark, d.queue))
         batch.outbox.copies.append(dead_letter_copy(d, p))
 
     def _reply(self, batch: _Batch, client: str, request_id: str,
