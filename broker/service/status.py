@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from broker.kafka import clients
 
@@ -126,10 +126,15 @@ class StatusBoard:
 
     def publish(self, status: InstanceStatus) -> None:
         """Sent in the background: the instance's loop never waits on Kafka for it (one
-        record every few seconds; what Kafka cannot take in time is dropped by librdkafka)."""
-        self._producer.produce(self.topic, json.dumps(asdict(status)).encode(),
-                               status.instance.encode(), partition=0)
-        self._producer.poll(0)
+        record every few seconds; what Kafka cannot take in time is dropped by librdkafka).
+        A status Kafka refuses at once (its topic gone with a broker that lost its data, a
+        full queue) is dropped too, with a warning: it must not hide why the instance stops."""
+        try:
+            self._producer.produce(self.topic, json.dumps(asdict(status)).encode(),
+                                   status.instance.encode(), partition=0)
+            self._producer.poll(0)
+        except (KafkaException, BufferError) as exc:
+            log.warning("instance status not sent to %s: %s", self.topic, exc)
         self.latest[status.instance] = status
 
     def refresh(self) -> None:

@@ -8,6 +8,8 @@ import logging
 import threading
 import time
 
+from confluent_kafka import KafkaError, KafkaException
+
 from broker.config import parse_config
 from broker.errors import FencedError
 from broker.service import instance as instance_module
@@ -126,6 +128,22 @@ def test_the_board_names_a_live_other_instance_serving_a_shard_and_no_stale_one(
     assert board.serving_other_than("a", 0) is None  # itself
     assert board.serving_other_than("a", 2) is None
     assert board.serving_other_than("a", 3) is None
+
+
+def test_a_status_kafka_refuses_at_once_is_dropped_with_a_warning_not_raised(caplog):
+    """Stopping because the broker lost its data (kq's topics gone), the last status must
+    not raise in its place: the reason the instance stops is what the operator must see."""
+    class Refusing:
+        def produce(self, *args, **kwargs):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC))
+
+    board = StatusBoard.__new__(StatusBoard)  # without Kafka
+    board.topic, board.latest, board._producer = "kq.instances", {}, Refusing()
+    status = InstanceStatus("a", [], [], stopped=True)
+    with caplog.at_level(logging.WARNING, logger="kq.status"):
+        board.publish(status)
+    assert board.latest == {"a": status}
+    assert "instance status not sent to kq.instances" in caplog.text
 
 
 def _frozen_then_woken(session: str) -> Instance:
