@@ -41,8 +41,12 @@ def pack_payload(key: bytes | None, value: bytes | None, headers: Headers,
 
 def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | None, Headers, int]:
     """(key, value, headers, timestamp_ms) of the packed payload at `start` of `data` (a
-    delivery envelope's blob holds many: read in place, each part sliced once)."""
-    _, ts, klen, vlen, count = _HEAD.unpack_from(data, start)
+    delivery envelope's blob holds many: read in place, each part sliced once). Its numbers
+    are read byte by byte: compiled, an index is a load, where `Struct.unpack_from` is a call
+    through Python that builds a tuple (a worker reads one payload per message)."""
+    ts = _int32(data, start + 6) << 32 | _uint32(data, start + 2)
+    klen, vlen = _int32(data, start + 10), _int32(data, start + 14)
+    count = data[start + 18] | data[start + 19] << 8
     pos = start + _HEAD.size
     key = value = None
     if klen >= 0:
@@ -53,7 +57,7 @@ def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | N
         pos += vlen
     headers: Headers = []
     for _ in range(count):
-        nlen, hlen = _HEADER.unpack_from(data, pos)
+        nlen, hlen = data[pos] | data[pos + 1] << 8, _int32(data, pos + 2)
         pos += _HEADER.size
         name = data[pos:pos + nlen].decode()
         pos += nlen
@@ -63,6 +67,15 @@ def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | N
             pos += hlen
         headers.append((name, header))
     return key, value, headers, ts
+
+
+def _uint32(data: bytes, pos: int) -> int:
+    return data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16 | data[pos + 3] << 24
+
+
+def _int32(data: bytes, pos: int) -> int:
+    n = _uint32(data, pos)
+    return n - (1 << 32) if n >= 1 << 31 else n
 
 
 def is_packed_payload(data: bytes) -> bool:
@@ -135,3 +148,17 @@ def unpack_array(code: str, raw: bytes) -> array[Any]:
 def starts(sizes: Iterable[int]) -> list[int]:
     """Where each of consecutive pieces of these sizes starts in their blob."""
     return [0, *accumulate(sizes)][:-1]
+
+
+# -- delivery envelopes ------------------------------------------------------------------------
+def delivery_batch(bookmarks: list[str], delivery_counts: list[int], lease_deadlines: list[int],
+                   seqs: list[int], barriers: list[int], payloads: list[bytes]) -> dict[str, Any]:
+    """A `messages` envelope's packed columns (schemas/envelope.avsc, DeliveryBatch): a lease
+    deadline of 0 is none, a barrier 1; the payloads packed (`pack_payload`)."""
+    return {"count": len(bookmarks), "bookmarks": "\n".join(bookmarks),
+            "delivery_counts": pack_array("i", delivery_counts),
+            "lease_deadlines": pack_array("q", lease_deadlines),
+            "seqs": pack_array("q", seqs), "barriers": bytes(barriers),
+            "payload_sizes": pack_array("i", [len(p) for p in payloads]),
+            "payloads": b"".join(payloads)}
+

@@ -175,7 +175,7 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
                 done, delivered[f"s{i}"] = held[:backlog // 2], held[backlog // 2:]
                 if not done:
                     continue
-                for out in w.ack_command("Q", done):
+                for out in w.ack_command("Q", [b for b, _ in done], [n for _, n in done]):
                     svc._command(_record("kq.commands", out.value), None, now, batch)
                     commands += 1
                 acked += len(done)
@@ -198,10 +198,9 @@ def client_drain(messages: int, backlog: int) -> Callable[[], int]:
                     False, i, payload.encode())
         envelopes += [r.value for r in env.records() if r.value is not None]
 
-    class Owner:  # what the sync client does with an ack
-        def _ack(self, msg: Any, wait: bool) -> None:
-            if core.ack(msg):
-                core.take_acks()
+    class Owner:  # what the sync client does with a batch of acks due
+        def _send_acks(self) -> None:
+            core.take_acks()
 
     core = ClientCore("w0", "", owner=Owner())
     sub = SubscriptionState("Q", "s0", "queue", {})

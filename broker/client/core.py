@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
@@ -28,15 +28,15 @@ from typing import Any, Final
 from mypy_extensions import mypyc_attr
 
 from broker import wire
-from broker.client.message import Delivery, Message, unpack_deliveries
+from broker.client.message import Message, batch_of, read_columns
 from broker.errors import CommandError
-from broker.packed import pack_array
+from broker.packed import pack_array, unpack_payload
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE, Duration
 
 log = logging.getLogger("kq.client")
 
-ACK_BATCH: Final = 200  # acks carried by one command at most
+ACK_BATCH: Final = 500  # acks carried by one command at most
 OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
 # deliveries a subscription remembers to drop a copy sent again after a crash (at least
 # this many, at most twice as many)
@@ -121,6 +121,16 @@ def duration_ms(value: str | float, what: str) -> int:
         raise CommandError(f"bad {what}: {exc}") from None
 
 
+class _Acks:
+    """The acks of one queue kept for the next command: each bookmark with the delivery count
+    of the delivery it answers; sent once `due` are kept."""
+
+    def __init__(self, due: int) -> None:
+        self.due = due
+        self.bookmarks: list[str] = []
+        self.counts: list[int] = []
+
+
 class ClientCore:
     """One client's state of the conversation with the service. Thread-safe: a worker's
     handlers ack from several threads while one reads."""
@@ -138,12 +148,11 @@ class ClientCore:
         self.queue_shards: dict[str, int] = {}  # queues whose shard the service told
         self.subs: dict[str, SubscriptionState] = {}
         self.heartbeat_s: float | None = None  # asked for by the service's replies
-        self._lock = threading.RLock()
+        self._lock = threading.Lock()
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._chunks: dict[str, dict[int, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
-        # acks batched per queue, each with the delivery it answers
-        self._pending: dict[str, list[tuple[str, int]]] = {}
+        self._pending: dict[str, _Acks] = {}  # acks batched, per queue
         # per queue subscribed: the acks sent together (half the smallest backlog)
         self._acks_due: dict[str, int] = {}
 
@@ -202,25 +211,36 @@ class ClientCore:
         command, or half the backlog of the queue's subscription (the service refills that
         half while the other is worked on)."""
         queue = msg.queue
-        with self._lock:
-            pending = self._pending.setdefault(queue, [])
-            pending.append((msg.bookmark, msg.delivery_count))
-            return len(pending) >= min(ACK_BATCH, self._acks_due.get(queue, 1))
+        # acquire and release, not `with`: compiled, a `with` looks up and calls __enter__
+        # and __exit__ through Python, and this runs once per message
+        self._lock.acquire()
+        try:
+            acks = self._pending.get(queue)
+            if acks is None:
+                acks = self._pending[queue] = _Acks(min(ACK_BATCH,
+                                                        self._acks_due.get(queue, 1)))
+            acks.bookmarks.append(msg.bookmark)
+            acks.counts.append(msg.delivery_count)
+            return len(acks.bookmarks) >= acks.due
+        finally:
+            self._lock.release()
 
     def take_acks(self) -> list[Outgoing]:
         with self._lock:
             batches, self._pending = self._pending, {}
         out = []
         for queue, acks in batches.items():
-            for start in range(0, len(acks), ACK_BATCH):
-                out += self.ack_command(queue, acks[start:start + ACK_BATCH])
+            for start in range(0, len(acks.bookmarks), ACK_BATCH):
+                out += self.ack_command(queue, acks.bookmarks[start:start + ACK_BATCH],
+                                        acks.counts[start:start + ACK_BATCH])
         return out
 
-    def ack_command(self, queue: str, acks: list[tuple[str, int]]) -> list[Outgoing]:
-        """One command acking (bookmark, delivery count) pairs, packed into one string and
-        one buffer, not arrays: Avro reads and writes an array item by item."""
-        return self.command("ack", queue=queue, packed_bookmarks="\n".join([b for b, _ in acks]),
-                            packed_counts=pack_array("i", [n for _, n in acks]))
+    def ack_command(self, queue: str, bookmarks: list[str], counts: list[int]) -> list[Outgoing]:
+        """One command acking these deliveries (bookmarks, and the delivery count each
+        answers), packed into one string and one buffer, not arrays: Avro reads and writes an
+        array item by item."""
+        return self.command("ack", queue=queue, packed_bookmarks="\n".join(bookmarks),
+                            packed_counts=pack_array("i", counts))
 
     def settle(self, kind: str, msg: Message, request_id: str = "",
                **fields: Any) -> list[Outgoing]:
@@ -263,16 +283,19 @@ class ClientCore:
         except ValueError as exc:
             log.warning("ignored an unreadable record on the delivery topic: %s", exc)
             return
-        if env["kind"] == "messages":
-            self._deliver(env["sub_id"], env["queue"], env["format"],
-                          unpack_deliveries(env["batch"]))
-            return
-        if env["kind"] == "message":  # one message per record, as older services send
-            headers = [(h["key"], h["value"]) for h in env["headers"]]
-            self._deliver(env["sub_id"], env["queue"], env["format"], [(
-                env["bookmark"], env["delivery_count"], env["lease_deadline_ms"],
-                env["is_barrier"], env["seq"], env["key"], env["value"], headers,
-                env["timestamp_ms"])])
+        try:
+            if env["kind"] == "messages":
+                self._deliver(env["sub_id"], env["queue"], env["format"], env["batch"])
+                return
+            if env["kind"] == "message":  # one message per record, as older services send
+                headers = [(h["key"], h["value"]) for h in env["headers"]]
+                self._deliver(env["sub_id"], env["queue"], env["format"], batch_of([(
+                    env["bookmark"], env["delivery_count"], env["lease_deadline_ms"],
+                    env["is_barrier"], env["seq"], env["key"], env["value"], headers,
+                    env["timestamp_ms"])]))
+                return
+        except ValueError as exc:
+            log.warning("ignored an unreadable record on the delivery topic: %s", exc)
             return
         rid = env["request_id"]
         if rid == NOTICE and env["kind"] == "reply":
@@ -350,32 +373,43 @@ class ClientCore:
                 whole["rows"] = [row for i in range(chunks) for row in parts[i]["rows"]]
                 self._replies[rid] = (None, whole)
 
-    def _deliver(self, sub_id: str, queue: str, fmt: str,
-                 deliveries: Iterable[Delivery]) -> None:
-        """Hand one envelope's deliveries to their subscription."""
+    def _deliver(self, sub_id: str, queue: str, fmt: str, batch: dict[str, Any]) -> None:
+        """Hand one envelope's deliveries (its batch's columns) to their subscription."""
         sub = self.subs.get(sub_id)
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
+        bookmarks, counts, deadlines, seqs, barriers, offsets, blob = read_columns(batch)
         make, owner, browsed, schema = self.message, self.owner, sub.mode == "browse", sub.schema
+        # the sync client's messages: built by a direct call when compiled, and their acks
+        # batched here without a call through the client (the async ones' are coroutines)
+        native = make is Message
         received, fresh = sub.received, []
         with self._lock:
-            for bookmark, count, deadline, barrier, seq, key, value, headers, ts in deliveries:
+            for i, bookmark in enumerate(bookmarks):
                 # After a crash the service sends its last leases again, not knowing whether
                 # they went out: a copy of one already received (same message, same delivery
                 # count) is dropped, and so is one older than a delivery received (its lease
                 # is gone). The queue's arrival number tells a bookmark enqueued again apart.
-                seen = seq << 32 | count
+                count = counts[i]
+                seen = seqs[i] << 32 | count
                 before = received.get(bookmark)
                 if before is not None:
                     if seen <= before:
                         continue
                     del received[bookmark]  # delivered again: now among the latest
                 received[bookmark] = seen
+                key, value, headers, ts = unpack_payload(blob, offsets[i])
+                deadline = deadlines[i] / 1000 if deadlines[i] else None
                 # by position, in Message's order: keywords cost a dict per message (2.7
                 # times as long to build one, compiled)
-                fresh.append(make(queue, bookmark, value, key, headers, count,
-                                  None if deadline is None else deadline / 1000, barrier,
-                                  ts / 1000, owner, browsed, False, fmt, schema))
+                if native:
+                    fresh.append(Message(queue, bookmark, value, key, headers, count, deadline,
+                                         barriers[i] != 0, ts / 1000, owner, browsed, False,
+                                         fmt, schema, None, False, self))
+                else:
+                    fresh.append(make(queue, bookmark, value, key, headers, count, deadline,
+                                      barriers[i] != 0, ts / 1000, owner, browsed, False, fmt,
+                                      schema))
             if len(received) > 2 * RECEIVED_KEPT:  # forget the oldest, many at once
                 sub.received = dict(islice(received.items(), len(received) - RECEIVED_KEPT,
                                            None))

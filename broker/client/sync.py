@@ -166,7 +166,11 @@ class QueueClient:
         if wait:
             self._settle_waiting("ack", msg)
         elif self.core.ack(msg):
-            self._io.send(self.core.take_acks())
+            self._send_acks()
+
+    def _send_acks(self) -> None:
+        """Send the acks batched (a message's ack kept by the core made a batch due)."""
+        self._io.send(self.core.take_acks())
 
     def _cancel(self, msg: Message, delay: str | float | None) -> None:
         delay_ms = None if delay is None else duration_ms(delay, "delay")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker import wire
-from broker.packed import pack_array
+from broker.packed import delivery_batch
 from broker.service.commit import OutRecord
 
 # What an envelope adds around its payloads, and each delivery (bookmark, counts): generous,
@@ -36,14 +36,9 @@ class _Pack:
     def encode(self, sub_id: str, queue: str, fmt: str) -> bytes:
         return wire.encode("envelope", {
             "kind": "messages", "sub_id": sub_id, "queue": queue, "format": fmt,
-            "batch": ("kq.DeliveryBatch", {  # (the union's branch named: not looked for)
-                "count": len(self.bookmarks), "bookmarks": "\n".join(self.bookmarks),
-                "delivery_counts": pack_array("i", self.delivery_counts),
-                "lease_deadlines": pack_array("q", self.lease_deadlines),
-                "seqs": pack_array("q", self.seqs), "barriers": bytes(self.barriers),
-                "payload_sizes": pack_array("i", map(len, self.payloads)),
-                "payloads": b"".join(self.payloads),
-            })})
+            "batch": ("kq.DeliveryBatch", delivery_batch(  # (the union's branch named: not
+                self.bookmarks, self.delivery_counts, self.lease_deadlines,  # looked for)
+                self.seqs, self.barriers, self.payloads))})
 
 
 class Envelopes:

@@ -4,6 +4,7 @@ that: the same bookmark enqueued again, or delivered again, is a new delivery.""
 import functools
 
 from broker.client.core import ClientCore, SubscriptionState
+from broker.client.message import batch_of
 
 
 def delivery(seq: int, delivery_count: int = 1) -> tuple:
@@ -16,10 +17,10 @@ def test_a_copy_sent_again_is_dropped_but_a_new_delivery_is_not():
     sub = SubscriptionState("Q", "s1", "queue", {})
     core.add(sub)
     route = functools.partial(core._deliver, "s1", "Q", "json")
-    route([delivery(seq=3)])
-    route([delivery(seq=3)])  # the same lease, sent again after a crash
-    route([delivery(seq=3, delivery_count=2), delivery(seq=9)])  # delivered again: new; the
-    # bookmark enqueued again (a reset): new
+    route(batch_of([delivery(seq=3)]))
+    route(batch_of([delivery(seq=3)]))  # the same lease, sent again after a crash
+    # delivered again: new; the bookmark enqueued again (a reset): new
+    route(batch_of([delivery(seq=3, delivery_count=2), delivery(seq=9)]))
     assert [(m.bookmark, m.delivery_count) for m in sub.buffer] == [
         ("T/0/7", 1), ("T/0/7", 2), ("T/0/7", 1)]
 

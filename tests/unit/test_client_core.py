@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from broker import wire
 from broker.client.core import ACK_BATCH, ClientCore, SubscriptionState
-from broker.client.message import Message
+from broker.client.message import Message, batch_of
 from broker.packed import unpack_array
 
 deliveries = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3)), max_size=60)
@@ -29,7 +29,7 @@ def _delivery(offset: int, count: int) -> tuple:
 def test_each_delivery_is_handed_out_once_in_arrival_order(sent):
     core, sub = _core()
     for offset, count in sent:
-        core._deliver("s1", "Q", "json", [_delivery(offset, count)])
+        core._deliver("s1", "Q", "json", batch_of([_delivery(offset, count)]))
     latest: dict[int, int] = {}  # a copy of a delivery, or of an older one, is not handed out
     expected = []
     for offset, count in sent:
@@ -42,7 +42,8 @@ def test_each_delivery_is_handed_out_once_in_arrival_order(sent):
 def test_a_message_enqueued_again_is_handed_out_again():
     core, sub = _core()
     for seq in (1, 1, 7, 7):  # the same bookmark, enqueued again with a later arrival number
-        core._deliver("s1", "Q", "json", [("T/0/1", 1, None, False, seq, None, b"{}", [], 0)])
+        core._deliver("s1", "Q", "json",
+                      batch_of([("T/0/1", 1, None, False, seq, None, b"{}", [], 0)]))
     assert [m.delivery_count for m in sub.buffer] == [1, 1]
 
 
@@ -53,6 +54,57 @@ def test_acks_go_together_once_half_the_backlog_is_acked():
            for i in range(10)]
     assert due == [False] * 4 + [True] * 6
     assert len(core.take_acks()) == 1
+
+
+def test_acks_kept_past_a_full_command_go_in_several():
+    core, sub = _core()
+    core.subscribed(sub, {"backlog": 4 * ACK_BATCH})  # due at 2 * ACK_BATCH: more than fit
+    for i in range(2 * ACK_BATCH + 7):
+        core.ack(Message("Q", f"T/0/{i}", None, None, [], 1, None, False, 0, None))
+    sent = [wire.decode("command", o.value) for o in core.take_acks()]
+    assert [len(acked(c)) for c in sent] == [ACK_BATCH, ACK_BATCH, 7]
+    assert [b for c in sent for b, _ in acked(c)] == [f"T/0/{i}" for i in range(2 * ACK_BATCH + 7)]
+
+
+def test_a_sync_message_acks_through_its_core_and_calls_the_client_when_a_batch_is_due():
+    class Client:  # what QueueClient offers a Message
+        def __init__(self) -> None:
+            self.sends, self.waited = 0, []
+
+        def _send_acks(self) -> None:
+            self.sends += 1
+            core.take_acks()
+
+        def _ack(self, msg: Message, wait: bool) -> None:
+            self.waited.append((msg.bookmark, wait))
+
+    client = Client()
+    core = ClientCore("c", "c", owner=client)
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    core.subscribed(sub, {"backlog": 10})
+    core._deliver("s1", "Q", "json", batch_of([_delivery(i, 1) for i in range(11)]))
+    msgs = list(sub.buffer)
+    for msg in msgs[:10]:
+        msg.ack()
+    assert client.sends == 2 and client.waited == []  # half the backlog (5) per batch
+    msgs[10].ack(wait=True)  # a confirmed ack goes to the client itself
+    assert client.waited == [("T/0/10", True)] and all(m.answered for m in msgs)
+
+
+def test_an_envelope_whose_columns_disagree_is_ignored_and_the_next_one_read(caplog):
+    core, sub = _core()
+    bad = batch_of([_delivery(1, 1), _delivery(2, 1)])
+    bad["seqs"] = bad["seqs"][:8]  # one seq for two messages
+    for batch in (bad, batch_of([_delivery(3, 1)])):
+        core.receive(wire.encode("envelope", {
+            "kind": "messages", "request_id": "", "sub_id": "s1", "queue": "Q",
+            "bookmark": "", "delivery_count": 0, "lease_deadline_ms": None,
+            "is_barrier": False, "format": "json", "key": None, "value": None, "headers": [],
+            "timestamp_ms": 0, "body": None, "error": None, "seq": 0,
+            "batch": ("kq.DeliveryBatch", batch)}))
+    assert [m.bookmark for m in sub.buffer] == ["T/0/3"]
+    assert "columns differ in length" in caplog.text
 
 
 @given(st.lists(st.tuples(st.sampled_from(["Q", "R"]), st.integers(0, 10_000),
@@ -108,8 +160,8 @@ def test_a_delivery_becomes_a_message_with_every_field_it_carried():
     browser = SubscriptionState("Q", "b1", "browse", {})
     core.add(browser)
     headers = [("h", b"1")]
-    core._deliver("b1", "Q", "json", [
-        ("T/0/7", 3, 1_500, True, 7, b"k", b'{"a": 1}', headers, 2_500)])
+    core._deliver("b1", "Q", "json", batch_of([
+        ("T/0/7", 3, 1_500, True, 7, b"k", b'{"a": 1}', headers, 2_500)]))
     msg = browser.buffer.popleft()
     assert (msg.queue, msg.bookmark, msg.key, msg.value, msg.headers) == (
         "Q", "T/0/7", b"k", b'{"a": 1}', headers)
@@ -117,7 +169,7 @@ def test_a_delivery_becomes_a_message_with_every_field_it_carried():
         3, 1.5, True, 2.5)
     assert msg.browsed and not msg.answered and msg._client == "the client"
     assert msg.data == {"a": 1}  # read with the queue's format
-    core._deliver("b1", "Q", "json", [("T/0/8", 1, None, False, 8, None, b"x", [], 0)])
+    core._deliver("b1", "Q", "json", batch_of([("T/0/8", 1, None, False, 8, None, b"x", [], 0)]))
     assert browser.buffer.popleft().lease_deadline is None  # at-most-once: no lease
 
 

@@ -119,7 +119,8 @@ def test_each_delivery_of_a_deep_queue_carries_its_own_payload(tmp_path, idle_re
             cancelled = True
             del got[delivered[0][0]]
             delivered = delivered[1:]
-        _send(svc, worker.ack_command("Q", [(bm, n) for bm, n, _ in delivered]))
+        _send(svc, worker.ack_command("Q", [bm for bm, _, _ in delivered],
+                                      [n for _, n, _ in delivered]))
     assert sorted(Bookmark.parse(bm).offset for bm in got) == list(range(300))
     # read from the store: the first window's (never paged out) and the redelivery; the
     # rest came with their rows (unless an idle release dropped those paged back in)
