@@ -33,6 +33,7 @@ SOURCES = [
     "broker/service/routing.py",
     "broker/service/sending.py",
     "broker/service/service.py",
+    "broker/client/acks.py",
     "broker/client/core.py",
     "broker/client/message.py",
 ]

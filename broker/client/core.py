@@ -28,6 +28,7 @@ from typing import Any, Final
 from mypy_extensions import mypyc_attr
 
 from broker import wire
+from broker.client.acks import AckBatches
 from broker.client.message import Message, batch_of, read_columns
 from broker.errors import CommandError
 from broker.packed import pack_array, unpack_payload
@@ -36,7 +37,6 @@ from broker.values import CLIENT_NAME, NOTICE, Duration
 
 log = logging.getLogger("kq.client")
 
-ACK_BATCH: Final = 500  # acks carried by one command at most
 OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
 # deliveries a subscription remembers to drop a copy sent again after a crash (at least
 # this many, at most twice as many)
@@ -121,16 +121,6 @@ def duration_ms(value: str | float, what: str) -> int:
         raise CommandError(f"bad {what}: {exc}") from None
 
 
-class _Acks:
-    """The acks of one queue kept for the next command: each bookmark with the delivery count
-    of the delivery it answers; sent once `due` are kept."""
-
-    def __init__(self, due: int) -> None:
-        self.due = due
-        self.bookmarks: list[str] = []
-        self.counts: list[int] = []
-
-
 class ClientCore:
     """One client's state of the conversation with the service. Thread-safe: a worker's
     handlers ack from several threads while one reads."""
@@ -152,9 +142,7 @@ class ClientCore:
         self._replies: dict[str, tuple[str | None, dict[str, Any]]] = {}
         self._chunks: dict[str, dict[int, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
-        self._pending: dict[str, _Acks] = {}  # acks batched, per queue
-        # per queue subscribed: the acks sent together (half the smallest backlog)
-        self._acks_due: dict[str, int] = {}
+        self.acks = AckBatches()
 
     # -- commands --------------------------------------------------------------------------
     def shard_of(self, queue: str) -> int:
@@ -207,32 +195,14 @@ class ClientCore:
             self._replies.pop(rid, None)
 
     def ack(self, msg: Message) -> bool:
-        """Keep an ack for the next batch; True when the acks kept should go now: a full
-        command, or half the backlog of the queue's subscription (the service refills that
-        half while the other is worked on)."""
-        queue = msg.queue
-        # acquire and release, not `with`: compiled, a `with` looks up and calls __enter__
-        # and __exit__ through Python, and this runs once per message
-        self._lock.acquire()
-        try:
-            acks = self._pending.get(queue)
-            if acks is None:
-                acks = self._pending[queue] = _Acks(min(ACK_BATCH,
-                                                        self._acks_due.get(queue, 1)))
-            acks.bookmarks.append(msg.bookmark)
-            acks.counts.append(msg.delivery_count)
-            return len(acks.bookmarks) >= acks.due
-        finally:
-            self._lock.release()
+        """Keep an ack for the next batch; True when the acks kept should go now."""
+        return self.acks.keep(msg.queue, msg.bookmark, msg.delivery_count)
 
     def take_acks(self) -> list[Outgoing]:
-        with self._lock:
-            batches, self._pending = self._pending, {}
+        """The commands carrying every ack kept."""
         out = []
-        for queue, acks in batches.items():
-            for start in range(0, len(acks.bookmarks), ACK_BATCH):
-                out += self.ack_command(queue, acks.bookmarks[start:start + ACK_BATCH],
-                                        acks.counts[start:start + ACK_BATCH])
+        for queue, bookmarks, counts in self.acks.take():
+            out += self.ack_command(queue, bookmarks, counts)
         return out
 
     def ack_command(self, queue: str, bookmarks: list[str], counts: list[int]) -> list[Outgoing]:
@@ -257,8 +227,7 @@ class ClientCore:
         """The service's answer to `sub`'s subscribe."""
         sub.backlog = int(body.get("backlog", 0))
         backlogs = [s.backlog for s in self.subs.values() if s.queue == sub.queue]
-        with self._lock:
-            self._acks_due[sub.queue] = max(1, min(backlogs, default=0) // 2)
+        self.acks.subscribed(sub.queue, min(backlogs, default=0))
         if isinstance(body.get("shard"), int):
             self.queue_shards[sub.queue] = body["shard"]
         if body.get("heartbeat_ms"):

@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import wire
-from broker.client.core import ACK_BATCH, ClientCore, SubscriptionState
+from broker.client.acks import ACK_BATCH
+from broker.client.core import ClientCore, SubscriptionState
 from broker.client.message import Message, batch_of
 from broker.packed import unpack_array
 
