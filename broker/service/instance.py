@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from broker.config import Config
 from broker.errors import ConfigError, FencedError
@@ -161,7 +161,10 @@ class Instance:
             return
         self.runners.clear()
         self.leaving.clear()
-        self._group.close()  # leaves the group: the others take the shards at once
+        try:  # leaves the group: the others take the shards at once
+            self._group.close()
+        except KafkaException as exc:  # not in place of why the process stops (a lost Kafka)
+            log.warning("instance %s: leaving the group failed: %s", self.name, exc)
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))

@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from broker.config import parse_config
 from broker.service import instance as instance_module
@@ -122,6 +123,22 @@ def test_a_stop_finishes_every_shard_side_by_side_then_leaves_the_group(stopping
     assert StuckService.running == 0 and StuckService.most_at_once == 3
     assert kit.group_closed and [s.stopped for s in kit.published] == [True]
     assert kit.published[0].owned == []  # the last record owns nothing
+
+
+def test_a_group_kafka_refuses_to_leave_does_not_stop_the_stop(stopping, caplog):
+    # as after Kafka lost its data: the process stops for that reason, and a failure to
+    # leave the group must neither take its place nor skip the last status
+    inst, kit = stopping
+
+    def refuse(wait_s: float | None = None) -> None:
+        if wait_s is None:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker gone"))
+        kit.board_wait = wait_s
+
+    kit.close = refuse  # type: ignore[method-assign]
+    inst._stop_all(time.monotonic() + 5)
+    assert [s.stopped for s in kit.published] == [True] and kit.board_wait is not None
+    assert "leaving the group failed" in caplog.text
 
 
 def test_a_shard_that_cannot_finish_in_time_is_left_as_a_crash_leaves_it(stopping, caplog):
