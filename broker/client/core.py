@@ -263,7 +263,7 @@ class ClientCore:
                     env["is_barrier"], env["seq"], env["key"], env["value"], headers,
                     env["timestamp_ms"])]))
                 return
-        except ValueError as exc:
+        except (ValueError, IndexError) as exc:  # columns or payloads that do not add up
             log.warning("ignored an unreadable record on the delivery topic: %s", exc)
             return
         rid = env["request_id"]

@@ -93,11 +93,13 @@ def test_a_sync_message_acks_through_its_core_and_calls_the_client_when_a_batch_
     assert client.waited == [("T/0/10", True)] and all(m.answered for m in msgs)
 
 
-def test_an_envelope_whose_columns_disagree_is_ignored_and_the_next_one_read(caplog):
+def test_an_envelope_whose_columns_disagree_or_payloads_are_cut_is_ignored(caplog):
     core, sub = _core()
     bad = batch_of([_delivery(1, 1), _delivery(2, 1)])
     bad["seqs"] = bad["seqs"][:8]  # one seq for two messages
-    for batch in (bad, batch_of([_delivery(3, 1)])):
+    cut = batch_of([_delivery(4, 1)])
+    cut["payloads"] = cut["payloads"][:10]  # a payload cut short
+    for batch in (bad, cut, batch_of([_delivery(3, 1)])):
         core.receive(wire.encode("envelope", {
             "kind": "messages", "request_id": "", "sub_id": "s1", "queue": "Q",
             "bookmark": "", "delivery_count": 0, "lease_deadline_ms": None,
@@ -106,6 +108,7 @@ def test_an_envelope_whose_columns_disagree_is_ignored_and_the_next_one_read(cap
             "batch": ("kq.DeliveryBatch", batch)}))
     assert [m.bookmark for m in sub.buffer] == ["T/0/3"]
     assert "columns differ in length" in caplog.text
+    assert caplog.text.count("ignored an unreadable record") == 2
 
 
 @given(st.lists(st.tuples(st.sampled_from(["Q", "R"]), st.integers(0, 10_000),
