@@ -120,6 +120,22 @@ _FUNCTIONS: dict[str, Callable[..., Value]] = {
 }
 
 
+# how many arguments each function takes (None: any number from the least)
+_ARITY: dict[str, tuple[int, int | None]] = {
+    "UPPER": (1, 1), "LOWER": (1, 1), "LENGTH": (1, 1), "COALESCE": (1, None), "ABS": (1, 1),
+    "ROUND": (1, 2), "NOW": (0, 0)}
+
+
+def _check_arity(name: str, given: int) -> None:
+    """Refused when compiled: a call with the wrong number of arguments would otherwise fail
+    on the first message it reads, inside the service."""
+    least, most = _ARITY[name]
+    if given < least or (most is not None and given > most):
+        wanted = (f"{least}" if least == most else f"{least} or more" if most is None
+                  else f"{least} to {most}")
+        raise ValueError(f"{name} takes {wanted} argument(s), not {given}")
+
+
 class Compiler(Transformer):  # type: ignore[type-arg]
     """Turns the parse tree into one closure `Doc -> value`."""
 
@@ -166,6 +182,7 @@ class Compiler(Transformer):  # type: ignore[type-arg]
     def call(self, items: list[Any]) -> Fn:
         name = str(items[0]).upper()
         args = [a for a in items[1:] if a is not None]
+        _check_arity(name, len(args))
         if name == "NOW":
             return lambda doc: doc.now_ms / 1000.0
         fn = _FUNCTIONS[name]
@@ -211,7 +228,7 @@ class Compiler(Transformer):  # type: ignore[type-arg]
             if p not in cache:
                 try:
                     cache[p] = re.compile(p)
-                except re.error:
+                except (re.error, OverflowError, RecursionError):  # a pattern Python refuses
                     cache[p] = None
             rx = cache[p]
             return rx is not None and rx.search(v) is not None

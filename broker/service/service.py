@@ -332,6 +332,9 @@ class Service:
                                          "owner": self.config.service.instance})
                 except CommandError as exc:
                     self._reply(batch, item.client, item.request_id, error=str(exc))
+                except Exception as exc:  # noqa: BLE001 - changes nothing: not worth a stop
+                    log.exception("query %s from %s failed", item.args.get("what"), item.client)
+                    self._reply(batch, item.client, item.request_id, error=f"failed: {exc!r}")
                 else:
                     self._reply(batch, item.client, item.request_id, body=body)
             else:

@@ -77,6 +77,26 @@ def test_bad_expressions_report_their_position(text, column):
     assert f"column {column}" in str(exc.value)
 
 
+@pytest.mark.parametrize(("text", "words"), [
+    ("LENGTH() = 1", "LENGTH takes 1 argument(s), not 0"),
+    ("LENGTH(/a, /b) = 1", "LENGTH takes 1 argument(s), not 2"),
+    ("ABS() = 1", "ABS takes 1 argument(s), not 0"),
+    ("ROUND(/qty, 1, 2)", "ROUND takes 1 to 2 argument(s), not 3"),
+    ("NOW(1) > 0", "NOW takes 0 argument(s), not 1"),
+    ("COALESCE() = 1", "COALESCE takes 1 or more argument(s), not 0"),
+])
+def test_a_call_with_the_wrong_number_of_arguments_is_refused_when_compiled(text, words):
+    # not when the first message is read: in a filter or a priority that would be inside
+    # kq serve, at every restart
+    with pytest.raises(ExpressionError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        compile_expression(text)
+
+
+def test_a_like_pattern_python_refuses_matches_nothing_instead_of_raising():
+    assert compile_expression("/sym LIKE 'a{99999999999}'").evaluate(ORDER) is False
+    assert compile_expression("/sym LIKE '('").evaluate(ORDER) is False
+
+
 def test_filters_match_only_true_and_priorities_are_numbers_or_none():
     assert compile_expression("/qty = 3").matches(ORDER) is True
     assert compile_expression("/missing = 3").matches(ORDER) is False
