@@ -73,7 +73,8 @@ def _spinner(what: str) -> Iterator[None]:
 
 def _show_summary(summary: dict[str, Any], out: str) -> None:
     console.print(f"[bold]{summary['records']:,}[/] transitions in {summary['seconds']:.1f} s; "
-                  f"written to {out}/ (summary.json, messages/, per_minute/, report.png)")
+                  f"written to {out.rstrip('/')}/ (summary.json, messages/, per_minute/, "
+                  "report.png)")
     rows = []
     for name, q in sorted(summary["queues"].items()):
         lat = q["latency_ms"]

@@ -21,6 +21,7 @@ from cli.common import (
     errors_to_exit_codes,
     fail,
     load,
+    print_json,
 )
 
 
@@ -90,7 +91,9 @@ def consume(
     timeout: Annotated[float, typer.Option(help="Stop after this many seconds with nothing "
                                            "new.")] = 5.0,
     max_backlog: Annotated[int, typer.Option(help="Messages leased at once.")] = 1,
-    ack: Annotated[bool, typer.Option(help="Acknowledge each message (else cancel it).")] = True,
+    ack: Annotated[bool, typer.Option(
+        help="Acknowledge each message. --no-ack only looks: the messages stay leased until "
+             "the command ends, then all go back to the queue (one delivery each).")] = True,
     name: Annotated[str | None, typer.Option(help="Client name (default: unique).")] = None,
     browse: Annotated[bool, typer.Option(
         "--browse", help="Only look: print a copy of every message in the queue and of new "
@@ -107,6 +110,8 @@ def consume(
     --browse, only looking)."""
     cfg = load(config)
     seen = 0
+    if not ack and count:  # every message to show is held leased at once
+        max_backlog = max(max_backlog, count)
     with errors_to_exit_codes(), QueueClient(
             bootstrap_of(bootstrap_servers, cfg), name=name,
             topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
@@ -121,7 +126,11 @@ def consume(
             else:
                 console.print(f"[bold]{msg.bookmark}[/] (delivery {msg.delivery_count}): "
                               f"{jsonlib.dumps(row['data'])}", highlight=False)
-            msg.ack() if ack else msg.cancel()
+            # Not acked: kept leased, not cancelled one by one (a cancelled message comes
+            # straight back to this subscription, a delivery more each time); closing the
+            # subscription gives them all back at once.
+            if ack:
+                msg.ack()
             seen += 1
             if count and seen >= count:
                 break
@@ -144,6 +153,6 @@ def ack(
             topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
         count = c.ack_where(queue, where)
     if json:
-        print(jsonlib.dumps({"queue": queue, "acked": count}))
+        print_json({"queue": queue, "acked": count})
     else:
         console.print(f"acked {count} message(s) of {queue}")

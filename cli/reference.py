@@ -80,16 +80,30 @@ def _option_rows(command: Any) -> list[str]:
             rows.append(f"| `{param.name.upper()}` | {_help(param)} |")
         elif param.param_type_name == "option" and not param.hidden:
             names = ", ".join(f"`{o}`" for o in (*param.opts, *param.secondary_opts))
-            extra = []
+            extra = ["required"] if param.required else []
             if param.envvar:
                 extra.append(f"env `{param.envvar}`")
-            if param.default not in (None, False, ()) and not param.is_flag:
-                extra.append(f"default `{param.default}`")
+            default = _option_default(param)
+            if default is not None:
+                extra.append(f"default `{default}`")
             tail = f" ({'; '.join(extra)})" if extra else ""
             rows.append(f"| {names} | {_help(param)}{tail} |")
     if not rows:
         return []
     return ["| argument or option | meaning |", "|---|---|", *rows]
+
+
+def _option_default(param: Any) -> str | None:
+    """An option's default as the docs say it: a pair of flags names the one that is on; a
+    single flag is off and an option without a value is unset unless given: nothing said."""
+    value = param.default
+    if param.is_flag:
+        if param.secondary_opts and isinstance(value, bool):
+            return (param.opts if value else param.secondary_opts)[0]  # type: ignore[no-any-return]
+        return None
+    if value is None or value == () or param.required:
+        return None
+    return str(value)
 
 
 def _help(param: Any) -> str:

@@ -165,9 +165,8 @@ def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, t
 
     proc = serve()
     publish(bootstrap, name, [b'{"n": %d}' % i for i in range(3)])
-    got = kq("consume", name, "--config", cfg, "--json", "--count", "1", "--no-ack",
-             "--timeout", "5")
-    assert got.returncode == 0, got.stderr  # consumed once and cancelled
+    with QueueClient(bootstrap, name=f"c-{u}", topic_prefix=f"kq{u}") as c:
+        next(c.subscribe(name, max_backlog=1).messages(timeout=30)).cancel()
     before = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)
     assert before["summary"]["depth"] == 3
     assert proc.stop() == 0
@@ -184,6 +183,27 @@ def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, t
         assert after["summary"]["enqueued"] == 3  # not read twice from the topic
     finally:
         proc.stop()
+
+
+def test_consume_no_ack_shows_each_message_once_and_gives_them_all_back(bootstrap, served):
+    name, cfg, _ = served
+    publish(bootstrap, name, [b'{"n": %d}' % i for i in range(3)], key=b"k")
+    wait_for(lambda: json.loads(kq("queues", "--config", cfg, "--json").stdout)[0]["depth"]
+             == 3, what="3 messages queued")
+    got = kq("consume", name, "--config", cfg, "--json", "--count", "2", "--no-ack",
+             "--timeout", "10")
+    assert got.returncode == 0, got.stderr
+    rows = [json.loads(line) for line in got.stdout.splitlines()]
+    # two messages, each shown once at its first delivery (a cancelled one would have come
+    # straight back, a delivery more each time)
+    assert [(r["data"], r["delivery_count"]) for r in rows] == [({"n": 0}, 1), ({"n": 1}, 1)]
+
+    def states() -> list[tuple[str, int, int]]:
+        after = json.loads(kq("inspect", name, "--config", cfg, "--json").stdout)["messages"]
+        return sorted((m["state"], m["delivery_count"], m["cancel_count"]) for m in after)
+
+    wait_for(lambda: states() == [("available", 0, 0), ("available", 1, 0),
+                                  ("available", 1, 0)], what="both given back, unanswered")
 
 
 def test_kq_broker_serves_and_stops_on_sigterm(tmp_path):

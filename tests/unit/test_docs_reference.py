@@ -37,3 +37,12 @@ def test_every_command_is_in_the_cli_reference():
     for sub in ("dump", "grep", "replay", "report", "audit"):
         assert f"## `kq journal {sub}`" in text
     assert "`--concurrency`" in text and "`--grace`" in text  # kq worker's options
+
+
+def test_the_cli_reference_says_which_options_are_required_and_every_default():
+    text = cli_reference()
+    where = next(line for line in text.splitlines() if line.startswith("| `--where` |"))
+    assert "(required)" in where  # kq ack exits 2 without it
+    rows = text.split("## `kq consume`")[1].split("## ")[0].splitlines()
+    assert any(r.startswith("| `--count` |") and "default `0`" in r for r in rows)
+    assert any(r.startswith("| `--ack`, `--no-ack` |") and "default `--ack`" in r for r in rows)
