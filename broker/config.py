@@ -371,9 +371,11 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a TOML config file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p} is not UTF-8 text (byte {exc.start}): TOML must be") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -16,7 +16,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from broker.config import Config
-from broker.errors import ExpressionError, KqError
+from broker.engine.transitions import Kind
+from broker.errors import ConfigError, ExpressionError, KqError
 from broker.expr import compile_expression
 from broker.history import reading
 from broker.history.journal import RowFilter
@@ -131,13 +132,17 @@ def dump(
              "extended.")] = None,
     bookmark: Annotated[str | None, typer.Option(help="Only this message's transitions.")] = None,
     since: SinceOpt = None, until: UntilOpt = None,
-    limit: Annotated[int | None, typer.Option(help="At most this many rows.")] = None,
+    limit: Annotated[int | None, typer.Option(min=0, help="At most this many rows.")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """Committed journal transitions, oldest first.
 
     A batch a crash cut between its parts is not shown (recovery ignores it too)."""
     since_ms, until_ms = _times(since, until)
+    unknown = sorted(set(kind or ()) - {k.value for k in Kind})
+    if unknown:
+        fail(f"no kind {', '.join(unknown)}: the kinds are "
+             f"{', '.join(k.value for k in Kind)}", EXIT_USAGE)
     if bookmark is not None:
         _bookmark(bookmark)
     src = Source(config, bootstrap_servers)
@@ -298,7 +303,7 @@ def replay_command(
 def _destination(src: Source, names: list[str], to: str, dry_run: bool) -> int:
     counts = clients.topic_partitions(clients.admin(src.bootstrap, src.kafka))
     if to in names:
-        raise KqError(f"--to {to} is one of the topics being replayed")
+        raise ConfigError(f"--to {to} is one of the topics being replayed: choose another")
     if to not in counts:
         widest = max(counts[n] for n in names)
         if dry_run:

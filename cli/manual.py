@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from confluent_kafka import KafkaException
 
 from broker.client import QueueClient
 from broker.kafka import clients
@@ -44,7 +45,7 @@ def publish(
     headers: list[tuple[str, str | bytes | None]] = []
     for h in header or []:
         name, sep, text = h.partition("=")
-        if not sep:
+        if not sep or not name:
             fail(f"bad --header {h!r}: use NAME=VALUE", EXIT_USAGE)
         headers.append((name, text.encode()))
     cfg = load(config)
@@ -61,8 +62,13 @@ def publish(
         else:
             result["error"] = err.str()
 
-    producer.produce(topic, value, key.encode() if key else None, headers=headers,
-                     on_delivery=on_delivery)
+    try:
+        producer.produce(topic, value, key.encode() if key else None, headers=headers,
+                         on_delivery=on_delivery)
+    except (KafkaException, BufferError) as exc:  # refused before sending: too large, ...
+        detail = exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else str(exc)
+        fail(f"cannot publish {len(value):,} bytes to {topic!r}: {detail} (a producer sends "
+             "at most message.max.bytes, 1 MB by default: [service.kafka] sets it)", EXIT_USAGE)
     producer.flush(15)
     if "bookmark" not in result:
         fail(f"publish to {topic} failed: {result.get('error', 'not acknowledged in 15s')}")

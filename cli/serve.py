@@ -27,6 +27,7 @@ from cli.common import (
     load,
 )
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 EMBEDDED_NOTE = "embedded broker (memory storage: its topics are gone when it stops)"
 
 
@@ -59,8 +60,9 @@ def _on_signals(stop: threading.Event | None = None, action=None) -> None:  # no
 def serve(
     config: ConfigOpt = None,
     bootstrap_servers: BootstrapOpt = None,
-    broker_port: Annotated[int, typer.Option(help="Port of the embedded broker, when one is "
-                                             "started (no bootstrap servers given).")] = 9092,
+    broker_port: Annotated[int, typer.Option(min=1, max=65535, help=(
+        "Port of the embedded broker, when one is started (no bootstrap servers given)."))
+    ] = 9092,
     data_dir: Annotated[str | None, typer.Option(
         envvar="KQ_DATA_DIR", help="Where RocksDB keeps the state (overrides the config's "
                                    "data_dir).")] = None,
@@ -77,8 +79,9 @@ def serve(
     from broker.service.instance import Instance
     from broker.service.memory import map_large_blocks
 
+    if log_level.upper() not in LOG_LEVELS:
+        fail(f"bad --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}", 2)
     map_large_blocks()
-
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kq.serve").info("%s", compiled.describe())
@@ -88,6 +91,10 @@ def serve(
         cfg = cfg.model_copy(update={"service": cfg.service.model_copy(update=overrides)})
     if not cfg.queue:
         fail("the config defines no [[queue]]; nothing to serve", 2)
+    try:
+        Path(cfg.service.data_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"[service] data_dir {cfg.service.data_dir}: cannot create it ({exc.strerror})", 2)
     bootstrap = bootstrap_servers or cfg.service.bootstrap_servers
     embedded: EmbeddedBroker | None = None
     if bootstrap is None:
@@ -109,7 +116,10 @@ def serve(
                       f"{q.topic_regex.pattern:<32} {q.semantics}, fairness "
                       f"{q.effective_fairness}", highlight=False)
     try:
-        service.metrics.serve(cfg.service.metrics_port)
+        try:
+            service.metrics.serve(cfg.service.metrics_port)
+        except OSError as exc:
+            fail(f"[service] metrics_port {cfg.service.metrics_port}: {exc.strerror}", 2)
         with errors_to_exit_codes():
             service.run()
     except StateError as exc:
@@ -129,7 +139,8 @@ def serve(
 
 
 def broker(
-    port: Annotated[int, typer.Option(help="Port for Kafka clients (127.0.0.1).")] = 9092,
+    port: Annotated[int, typer.Option(min=1, max=65535,
+                                      help="Port for Kafka clients (127.0.0.1).")] = 9092,
     apache: Annotated[bool, typer.Option(
         "--apache", help="Run a single-node Apache Kafka (KRaft) instead of the embedded "
         "broker: needs Java 17 and Maven; its jars are fetched once into KQ_KAFKA_HOME.")] = False,

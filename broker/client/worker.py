@@ -20,6 +20,7 @@ import logging
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -48,9 +49,18 @@ def load_handler(spec: str) -> Handler:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"handler {spec!r}: cannot import {module_name!r}: {exc}") from None
-    handler = getattr(module, attr, None)
-    if not callable(handler):
+    except SyntaxError as exc:
+        raise ConfigError(f"handler {spec!r}: {exc.filename}, line {exc.lineno}: "
+                          f"{exc.msg}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while imported
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ConfigError(f"handler {spec!r}: importing {module_name} raised {exc!r} "
+                          f"({where.filename}, line {where.lineno})") from None
+    if not hasattr(module, attr):
         raise ConfigError(f"handler {spec!r}: {module_name} has no function {attr!r}")
+    handler = getattr(module, attr)
+    if not callable(handler):
+        raise ConfigError(f"handler {spec!r}: {module_name}.{attr} is not a function")
     return handler  # type: ignore[no-any-return]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from broker.errors import KqError
+from broker.errors import ConfigError, KqError
 from broker.expr import Doc, Expression
 from broker.history.journal import Row, rows_in
 from broker.kafka import clients
@@ -110,7 +110,7 @@ def matching_topics(bootstrap: str, kafka: dict[str, Any], pattern: str) -> list
     try:
         rx = re.compile(pattern)
     except re.error as exc:
-        raise KqError(f"bad --topics regex {pattern!r}: {exc}") from None
+        raise ConfigError(f"bad --topics regex {pattern!r}: {exc}") from None
     names = clients.topic_partitions(clients.admin(bootstrap, kafka))
     return sorted(t for t in names if rx.search(t))
 

@@ -92,6 +92,10 @@ def test_publish_reads_a_large_payload_from_a_file_or_standard_input(bootstrap, 
     assert got == [json.loads(big), {"n": 2}]
     missing = kq("publish", name, "@/no/such/file", "--config", cfg)
     assert missing.returncode == 2 and "/no/such/file" in missing.stderr
+    (tmp_path / "huge.json").write_text(json.dumps({"blob": "x" * 2_000_000}))
+    huge = kq("publish", name, f"@{tmp_path / 'huge.json'}", "--config", cfg)
+    assert huge.returncode == 2, huge.stderr  # the producer's limit named, no traceback
+    assert "cannot publish 2,000,012 bytes" in huge.stderr and "message.max.bytes" in huge.stderr
 
 
 def test_what_the_user_typed_wrong_is_exit_2_whichever_side_finds_it(served):
@@ -99,7 +103,10 @@ def test_what_the_user_typed_wrong_is_exit_2_whichever_side_finds_it(served):
     for args, said in [(("consume", name, "--filter", "sym = 'IBM'"), "/sym, not sym"),
                        (("inspect", name, "--state", "leasd"), "leasd"),
                        (("ack", name, "--where", "/a = "), "column"),
-                       (("journal", "grep", "--topics", name, "--where", "/a = "), "column")]:
+                       (("journal", "grep", "--topics", name, "--where", "/a = "), "column"),
+                       (("journal", "grep", "--topics", "^(ORD"), "bad --topics regex"),
+                       (("journal", "replay", "--topics", name, "--to", name),
+                        "one of the topics being replayed")]:
         out = kq(*args, "--config", cfg, timeout=60)
         assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
 

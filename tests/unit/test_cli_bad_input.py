@@ -1,0 +1,67 @@
+"""What a user typed wrong is named and exits 2 (SPEC section 8), before any Kafka is
+reached; a handler module that cannot load names its file and line."""
+
+import pytest
+from typer.testing import CliRunner
+
+from broker.client.worker import load_handler
+from broker.config import load_config
+from broker.errors import ConfigError
+from cli.main import app
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["serve", "--log-level", "LOUD"], "bad --log-level 'LOUD'"),
+    (["broker", "--port", "70000"], "'--port'"),
+    (["serve", "--broker-port", "-1"], "'--broker-port'"),
+    (["journal", "dump", "--kind", "bogus"], "no kind bogus: the kinds are enqueued"),
+    (["journal", "dump", "--limit", "-1"], "'--limit'"),
+])
+def test_a_bad_option_exits_2_naming_it(args, words):
+    out = _run(*args)
+    assert out.exit_code == 2, out.output
+    assert words in " ".join(out.output.split())
+
+
+def test_a_config_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "kq.toml"
+    path.write_bytes(b"\xff\xfe[service]\n")
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(("source", "spec", "words"), [
+    ("def handle(msg)\n    pass\n", "broken:handle", "broken.py, line 1"),
+    ("raise RuntimeError('no database')\n", "raising:handle",
+     "importing raising raised RuntimeError('no database') ("),
+    ("handle = 5\n", "five:handle", "five.handle is not a function"),
+    ("def other(msg): pass\n", "other:handle", "other has no function 'handle'"),
+])
+def test_a_handler_that_cannot_be_loaded_is_named(tmp_path, monkeypatch, source, spec, words):
+    module = spec.split(":")[0]
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as exc:
+        load_handler(spec)
+    assert words in str(exc.value)
+
+
+def test_a_handler_that_loads_is_returned(tmp_path, monkeypatch):
+    (tmp_path / "fine.py").write_text("def handle(msg):\n    return msg\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_handler("fine:handle")(7) == 7
+
+
+def test_a_data_dir_that_cannot_be_made_exits_2_before_any_broker(tmp_path):
+    (tmp_path / "file").write_text("")
+    cfg = tmp_path / "kq.toml"
+    cfg.write_text(f'[service]\ndata_dir = "{tmp_path}/file/sub"\n\n[[queue]]\nname = "Q"\n')
+    out = _run("serve", "--config", str(cfg))
+    assert out.exit_code == 2, out.output
+    said = f"[service] data_dir {tmp_path}/file/sub: cannot create it"
+    assert "".join(said.split()) in "".join(out.output.split())  # however the line wrapped
