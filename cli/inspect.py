@@ -79,7 +79,7 @@ def inspect(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
     state: Annotated[str | None, typer.Option(help="Only messages in this state: available, "
                                                "held, leased or sent.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many messages.")] = 100,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many messages.")] = 100,
     filter: Annotated[str | None, typer.Option(
         "--filter", help="Only messages this expression matches, e.g. \"/sym = 'IBM'\".")] = None,
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,

@@ -93,10 +93,11 @@ def _payload(given: str) -> bytes:
 
 def consume(
     queue: Annotated[str, typer.Argument(help="Queue to subscribe to.")],
-    count: Annotated[int, typer.Option(help="Stop after this many messages (0: no limit).")] = 0,
+    count: Annotated[int, typer.Option(min=0, help="Stop after this many messages (0: no "
+                                                  "limit).")] = 0,
     timeout: Annotated[float, typer.Option(help="Stop after this many seconds with nothing "
                                            "new.")] = 5.0,
-    max_backlog: Annotated[int, typer.Option(help="Messages leased at once.")] = 1,
+    max_backlog: Annotated[int, typer.Option(min=1, help="Messages leased at once.")] = 1,
     ack: Annotated[bool, typer.Option(
         help="Acknowledge each message. --no-ack only looks: the messages stay leased until "
              "the command ends, then all go back to the queue (one delivery each).")] = True,

@@ -32,12 +32,13 @@ def worker(
         help="The handler, MODULE:FUNCTION (e.g. jobs:resize): a plain or async function "
              "taking a Message. Returning acks the message; raising cancels it.")],
     queue: Annotated[str, typer.Option("--queue", "-q", help="Queue to work on.")],
-    concurrency: Annotated[int, typer.Option(help="Handlers running at once (threads).")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Handlers running at once (threads).")
+                           ] = 1,
     filter: Annotated[str | None, typer.Option(
         "--filter", help="Only messages this expression matches, e.g. \"/kind = 'resize'\".")
     ] = None,
     max_backlog: Annotated[int | None, typer.Option(
-        help="Messages leased at once (default: --concurrency).")] = None,
+        min=1, help="Messages leased at once (default: --concurrency).")] = None,
     grace: Annotated[str, typer.Option(
         help="On SIGTERM or Ctrl-C: how long running handlers may take to finish.")] = "30s",
     name: Annotated[str | None, typer.Option(help="Client name (default: unique).")] = None,

@@ -121,6 +121,9 @@ class QueueClient:
         (a snapshot's parts come as `shards`, one per shard). Shards that do not answer in
         time (no owner just now) are listed in `unanswered_shards`; when none answers, or a
         snapshot misses one, it raises."""
+        if not self._io.service_has_run():  # nothing would answer: say so now
+            raise KqError(f"no kq service has run with topic prefix {self._prefix!r} here (no "
+                          f"topic {self._prefix}.commands): is the prefix (--config) right?")
         shards = self.core.shards
         if args.get("queue") or shards == 1:
             return self._request("query", query=json.dumps(args))
@@ -201,9 +204,9 @@ class QueueClient:
     def _request(self, kind: str, **fields: Any) -> dict[str, Any]:
         rid, records = self.core.request(kind, **fields)
         try:
+            deadline = time.monotonic() + self.request_timeout  # the flush within it too
             self._send(records)
             self._io.producer.flush(self.request_timeout)
-            deadline = time.monotonic() + self.request_timeout
             while (answer := self.core.answer(rid)) is None:
                 if time.monotonic() > deadline:
                     raise KqError(f"no answer from the kq service to {kind} within "
@@ -229,8 +232,8 @@ class QueueClient:
             self._send(records)
         answers: dict[str, tuple[str | None, dict[str, Any]]] = {}
         try:
-            self._io.producer.flush(self.request_timeout)
             deadline = time.monotonic() + self.request_timeout
+            self._io.producer.flush(self.request_timeout)
             while len(answers) < len(asked) and time.monotonic() < deadline:
                 self._pump(0.05)
                 for rid in asked:

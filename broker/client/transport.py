@@ -49,6 +49,10 @@ class Transport:
         no service has made it."""
         return clients.topic_partitions(self.admin).get(f"{self.prefix}.commands", 1)
 
+    def service_has_run(self) -> bool:
+        """Whether a service with this prefix has ever run here (it made its command topic)."""
+        return f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
+
     def send(self, records: list[Outgoing]) -> None:
         for out in records:
             self.producer.produce(self.commands_topic, out.value, partition=out.shard)

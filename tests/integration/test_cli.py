@@ -160,6 +160,14 @@ def test_serve_refuses_a_bad_config_with_exit_2(tmp_path, extra, words):
     assert "queue 'Q'" in out.stderr and words in out.stderr
 
 
+def test_a_query_with_a_prefix_no_service_used_says_so_at_once(bootstrap, tmp_path):
+    cfg = write_config(tmp_path / "kq.toml", f"none{uid()}", ["Q"], tmp_path / "s", bootstrap)
+    started = time.monotonic()
+    out = kq("queues", "--config", str(cfg))
+    assert out.returncode == 1 and "no kq service has run with topic prefix" in out.stderr
+    assert time.monotonic() - started < 8  # not the 10 s answer wait (and a flush before it)
+
+
 def test_serve_restart_keeps_messages_delivery_counts_and_positions(bootstrap, tmp_path):
     u = uid()
     name = f"R_{u}"

@@ -20,6 +20,11 @@ def _run(*args: str):
     (["serve", "--broker-port", "-1"], "'--broker-port'"),
     (["journal", "dump", "--kind", "bogus"], "no kind bogus: the kinds are enqueued"),
     (["journal", "dump", "--limit", "-1"], "'--limit'"),
+    (["inspect", "Q", "--limit", "0"], "'--limit'"),
+    (["consume", "Q", "--count", "-1"], "'--count'"),
+    (["consume", "Q", "--max-backlog", "0"], "'--max-backlog'"),
+    (["worker", "jobs:handle", "--queue", "Q", "--concurrency", "0"], "'--concurrency'"),
+    (["worker", "jobs:handle", "--queue", "Q", "--max-backlog", "0"], "'--max-backlog'"),
 ])
 def test_a_bad_option_exits_2_naming_it(args, words):
     out = _run(*args)
