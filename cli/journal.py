@@ -46,8 +46,8 @@ app = typer.Typer(help="Journals and underlying topics, read from Kafka: dump, g
                        "is down.", no_args_is_help=True)
 
 SinceOpt = Annotated[str | None, typer.Option(
-    "--since", help="From this time: ISO-8601 (UTC unless a zone is given) or relative, "
-                    "e.g. -15m, -2h, -1d.")]
+    "--since", help="From this time: ISO-8601 (UTC unless a zone is given), relative "
+                    "(e.g. -15m, -2h, -1d) or epoch milliseconds.")]
 UntilOpt = Annotated[str | None, typer.Option(
     "--until", help="Before this time (ISO-8601 or relative, as --since).")]
 
@@ -70,9 +70,13 @@ class Source:
 def _times(since: str | None, until: str | None) -> tuple[int | None, int | None]:
     now = int(time.time() * 1000)
     try:
-        return moment_ms(since, now), moment_ms(until, now)
+        since_ms, until_ms = moment_ms(since, now), moment_ms(until, now)
     except ValueError as exc:
         fail(str(exc), EXIT_USAGE)
+    if since_ms is not None and until_ms is not None and since_ms >= until_ms:
+        fail(f"--since {since} is not before --until {until}: nothing is in between",
+             EXIT_USAGE)
+    return since_ms, until_ms
 
 
 @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json as jsonlib
+import re
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,8 @@ from cli.common import (
     print_json,
 )
 
+KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
 
 def publish(
     topic: Annotated[str, typer.Argument(help="Underlying Kafka topic to write to.")],
@@ -37,6 +40,8 @@ def publish(
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """Publish one JSON message to a topic with a plain Kafka producer; print its bookmark."""
+    if not KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."):
+        fail(f"bad topic name {topic!r}: Kafka's are 1-249 of a-z A-Z 0-9 . _ -", EXIT_USAGE)
     value = _payload(payload)
     try:
         jsonlib.loads(value)

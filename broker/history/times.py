@@ -24,4 +24,5 @@ def moment_ms(text: str | None, now_ms: int) -> int | None:
         except ValueError:
             pass
     raise ValueError(f"bad time {text!r}: use an ISO-8601 time (2026-11-22T08:00:00Z, UTC "
-                     "when no zone is given) or one relative to now (-15m, -2h, -1d)")
+                     "when no zone is given), one relative to now (-15m, -2h, -1d) or epoch "
+                     "milliseconds")
