@@ -221,6 +221,22 @@ def grep(
         console.print(f"{len(rows)} record(s) matched in {len(names)} topic(s)")
 
 
+def _not_in_kafka(bm: Bookmark, src: Source, c: Any) -> str | None:
+    """Why Kafka cannot have `bm`'s record, when its topic, partition or offsets say so
+    (asked at once: a fetch of what is not there waits for its whole timeout)."""
+    partitions = clients.topic_partitions(clients.admin(src.bootstrap, src.kafka))
+    if bm.topic not in partitions:
+        return f"there is no topic {bm.topic}"
+    if bm.partition >= partitions[bm.topic]:
+        return f"{bm.topic} has {partitions[bm.topic]} partition(s), numbered from 0"
+    low, high = clients.watermarks(c, bm.topic, bm.partition, src.bootstrap)
+    if bm.offset >= high:
+        return f"past the end of {bm.topic}/{bm.partition}: its next offset is {high}"
+    if bm.offset < low:
+        return f"deleted by retention: {bm.topic}/{bm.partition} holds offsets from {low}"
+    return None
+
+
 def _life(bm: Bookmark, src: Source, json: bool) -> None:
     c = src.consumer()
     with errors_to_exit_codes():
@@ -228,7 +244,8 @@ def _life(bm: Bookmark, src: Source, json: bool) -> None:
         _say_retained(c, spans)
         with _progress(spans, "reading the journal") as progress:
             life = list(reading.journal_rows(c, spans, RowFilter(bookmark=str(bm)), progress))
-        found = fetch_records(c, [bm], timeout=10).get(bm)
+        missing = _not_in_kafka(bm, src, c)
+        found = None if missing else fetch_records(c, [bm], timeout=10).get(bm)
     c.close()
     record = None
     if found is not None:
@@ -239,7 +256,8 @@ def _life(bm: Bookmark, src: Source, json: bool) -> None:
                                         "life": life}) + "\n")
     else:
         if record is None:
-            console.print(f"[yellow]{bm}: the record is not in Kafka (deleted by retention?)")
+            console.print(f"[yellow]{bm}: the record is not in Kafka "
+                          f"({missing or 'deleted by retention?'})")
         else:
             console.print(f"[bold]{bm}[/] at {_when(record['timestamp_ms'])} UTC, key "
                           f"{record.get('key')!r}, headers "

@@ -126,6 +126,14 @@ def test_grep_shows_a_bookmarks_record_and_life_and_searches_topics(bootstrap, t
         assert "value" not in by_header[1]
         none = kq("journal", "grep", "NOPE/0/0", "--config", str(cfg), "--json")
         assert none.returncode == 1
+        # a record Kafka cannot have is named at once, not fetched for seconds first
+        for wrong, said in [(f"NOPE{prefix}/0/0", f"there is no topic NOPE{prefix}"),
+                            (f"{name}/7/0", f"{name} has 1 partition(s)"),
+                            (f"{name}/0/99", f"past the end of {name}/0: its next offset is")]:
+            started = time.monotonic()
+            out = kq("journal", "grep", wrong, "--config", str(cfg))
+            assert out.returncode == 1 and said in " ".join(out.stdout.split()), out.stdout
+            assert time.monotonic() - started < 9  # not the 10 s fetch
 
 
 def test_replay_republishes_matching_records_in_order_with_their_origin(bootstrap, tmp_path):
