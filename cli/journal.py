@@ -150,6 +150,10 @@ def dump(
     if bookmark is not None:
         _bookmark(bookmark)
     src = Source(config, bootstrap_servers)
+    if queue is not None and src.config.queue and queue not in {q.name for q in src.config.queue}:
+        # not refused: the journal keeps the transitions of queues removed from the config
+        err_console.print(f"kq: no queue {queue!r} in the config; showing what the journal "
+                          "holds of it, if anything")
     wanted = RowFilter(queue, frozenset(kind or ()), bookmark, since_ms, until_ms)
     c = src.consumer()
     with errors_to_exit_codes():

@@ -78,7 +78,7 @@ def publish(
     if "bookmark" not in result:
         fail(f"publish to {topic} failed: {result.get('error', 'not acknowledged in 15s')}")
     if json:
-        console.print_json(jsonlib.dumps(result))
+        print_json(result)
     else:
         console.print(f"published {result['bookmark']}")
 
@@ -87,7 +87,12 @@ def _payload(given: str) -> bytes:
     """The payload as given, or read from @FILE or standard input (-): a payload too large
     for the shell's argument list, or one made by another program."""
     if given == "-":
-        return sys.stdin.buffer.read()
+        read = sys.stdin.buffer.read()
+        if not read.strip():
+            fail("the payload from standard input is empty", EXIT_USAGE)
+        return read
+    if given == "@":
+        fail("@ names no file: use @FILE", EXIT_USAGE)
     if given.startswith("@"):
         try:
             return Path(given[1:]).read_bytes()
@@ -120,6 +125,8 @@ def consume(
 ) -> None:
     """Subscribe to a queue and print what arrives, acknowledging each message (or, with
     --browse, only looking)."""
+    if replay_period is not None and not browse:
+        fail("--replay-period applies to --browse only", EXIT_USAGE)
     cfg = load(config)
     seen = 0
     if not ack and count:  # every message to show is held leased at once

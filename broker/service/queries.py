@@ -134,7 +134,8 @@ def _inspect(engine: Engine, args: dict[str, Any], now: int,
         raise CommandError(f"unknown queue {name!r} (known queues: {', '.join(engine.queues)})")
     state = args.get("state") or None
     if state and state not in (HELD, *(s.value for s in MessageState)):
-        raise CommandError(f"unknown state {state!r}")
+        raise CommandError(f"unknown state {state!r}: the states are "
+                           f"{', '.join((*(s.value for s in MessageState), HELD))}")
     limit = int(args.get("limit") or 100)
     if limit < 1:
         raise CommandError(f"limit must be at least 1, not {limit}")

@@ -61,6 +61,8 @@ def test_dump_shows_each_committed_transition_with_its_filters_also_with_the_ser
         assert life[1]["client"] == f"w-{prefix}" and life[1]["delivery_count"] == 1
         assert len(dump("--limit", "2")) == 2
         assert dump("--queue", "NOPE") == []
+        nope = kq("journal", "dump", "--config", str(cfg), "--queue", "NOPE")
+        assert nope.returncode == 0 and "no queue 'NOPE' in the config" in nope.stderr
         assert len(dump("--since", "-1h")) == len(rows)
         past = datetime.fromtimestamp(time.time() - 3600, UTC).isoformat()
         assert dump("--until", past) == []

@@ -23,6 +23,8 @@ def _run(*args: str):
     (["inspect", "Q", "--limit", "0"], "'--limit'"),
     (["publish", "bad topic!", "{}"], "bad topic name 'bad topic!'"),
     (["publish", "", "{}"], "bad topic name ''"),
+    (["publish", "T", "@"], "@ names no file: use @FILE"),
+    (["consume", "Q", "--replay-period", "60s"], "--replay-period applies to --browse only"),
     (["journal", "dump", "--since", "yesterday"], "or epoch milliseconds"),
     (["journal", "dump", "--since", "-1h", "--until", "-2h"],
      "--since -1h is not before --until -2h"),
