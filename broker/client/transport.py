@@ -43,6 +43,7 @@ class Transport:
         start = clients.end_offset(self.consumer, self.deliver_topic, 0)
         self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
         self.read_lock = threading.Lock()
+        self._service_seen = False
 
     def shard_count(self) -> int:
         """The command topic's partitions (the service makes it with one per shard); 1 while
@@ -50,8 +51,11 @@ class Transport:
         return clients.topic_partitions(self.admin).get(f"{self.prefix}.commands", 1)
 
     def service_has_run(self) -> bool:
-        """Whether a service with this prefix has ever run here (it made its command topic)."""
-        return f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
+        """Whether a service with this prefix has ever run here (it made its command topic):
+        asked of Kafka until it has (a client polling with queries costs it nothing more)."""
+        if not self._service_seen:
+            self._service_seen = f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
+        return self._service_seen
 
     def send(self, records: list[Outgoing]) -> None:
         for out in records:
