@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from broker.engine import events as ev
+from broker.engine.admission import lvq_value
 from broker.engine.effects import Deliver, Flow, Journal
 from broker.engine.engine import Engine
 from broker.engine.paging import MemoryPager
@@ -114,6 +115,8 @@ class QueueMachine(RuleBasedStateMachine):
         # HOLD: when each message is due, as computed here from what was published and done
         self.due: dict[Bookmark, int] = {}
         self.ever_held: set[Bookmark] = set()  # browsers skip a message while it is held
+        # last-value queues: browsers skip an older value once a newer one with its key came
+        self.ever_replaced: set[Bookmark] = set()
         self.delays: dict[Bookmark, int] = {}  # an explicit cancel delay, asked for
         self.flow: str | None = None  # the last FLOW record
         # GRP, GRPS: who holds each group, and (shared) how many of its messages, from the
@@ -282,6 +285,16 @@ class QueueMachine(RuleBasedStateMachine):
             self._run(ev.MessageArrived(q, bm, self.now - 100 * (self.offset % 3), 10, payload,
                                         headers))
             self.offset += 1
+            self._note_replaced(q, bm)
+
+    def _note_replaced(self, name: str, bm: Bookmark) -> None:
+        q = self.engine.queues[name]
+        if q.lvq_key is None or bm not in DOCS:
+            return
+        key = lvq_value(q.lvq_key.evaluate(DOCS[bm]))
+        if key is not None:
+            self.ever_replaced.update(m.bookmark for m in q.by_seq() if m.bookmark != bm and (
+                (d := doc(m)) is not None and lvq_value(q.lvq_key.evaluate(d)) == key))
 
     @rule(c=st.sampled_from(CLIENTS), qi=QUEUE_INDEX, b=st.integers(0, 5),
           f=st.sampled_from(FILTERS))
@@ -350,7 +363,8 @@ class QueueMachine(RuleBasedStateMachine):
             for b in q.browsers.values():
                 passed = [m for m in q.by_seq() if m.seq <= b.cursor
                           and m.state.value != "sent" and b.wants(doc(m))
-                          and m.bookmark not in self.ever_held]
+                          and m.bookmark not in self.ever_held
+                          and m.bookmark not in self.ever_replaced]
                 assert all((b.sub_id, m.bookmark) in self.browsed for m in passed), \
                     "a browser passed a queued message without being shown it"
 
