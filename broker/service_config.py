@@ -6,7 +6,7 @@ import socket
 
 from pydantic import ByteSize, Field, StrictBool, field_validator, model_validator
 
-from broker.config_fields import DurationField, RetentionField
+from broker.config_fields import DurationField, RetentionField, check_bootstrap
 from broker.config_fields import Strict as _Strict
 from broker.values import Duration
 
@@ -71,6 +71,11 @@ class ServiceConfig(_Strict):
                 f"({self.snapshot_interval}): a restore reads the journal after the newest "
                 f"snapshot, so keep it at least {Duration(2 * self.snapshot_interval.ms)}")
         return self
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap(cls, servers: str | None) -> str | None:
+        return None if servers is None else check_bootstrap(servers)
 
     @field_validator("kafka")
     @classmethod

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from broker.config import Config, load_config
+from broker.config_fields import check_bootstrap
 from broker.errors import CommandError, ConfigError, KafkaUnavailableError, KqError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -45,7 +46,12 @@ def load(config_path: str | None) -> Config:
 
 
 def bootstrap_of(option: str | None, config: Config) -> str:
-    return option or config.service.bootstrap_servers or DEFAULT_BOOTSTRAP
+    if option is not None:  # given, even empty: checked, not passed over for the config's
+        try:
+            return check_bootstrap(option)
+        except ValueError as exc:
+            fail(f"--bootstrap-servers: {exc}", EXIT_USAGE)
+    return config.service.bootstrap_servers or DEFAULT_BOOTSTRAP
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from cli.common import (
     EXIT_USAGE,
     BootstrapOpt,
     ConfigOpt,
+    bootstrap_of,
     console,
     err_console,
     errors_to_exit_codes,
@@ -95,7 +96,8 @@ def serve(
         Path(cfg.service.data_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"[service] data_dir {cfg.service.data_dir}: cannot create it ({exc.strerror})", 2)
-    bootstrap = bootstrap_servers or cfg.service.bootstrap_servers
+    bootstrap = (cfg.service.bootstrap_servers if bootstrap_servers is None
+                 else bootstrap_of(bootstrap_servers, cfg))  # none: the embedded broker
     embedded: EmbeddedBroker | None = None
     if bootstrap is None:
         try:

@@ -24,6 +24,9 @@ def _run(*args: str):
     (["publish", "bad topic!", "{}"], "bad topic name 'bad topic!'"),
     (["publish", "", "{}"], "bad topic name ''"),
     (["publish", "T", "@"], "@ names no file: use @FILE"),
+    (["queues", "-b", ""], "--bootstrap-servers: bootstrap servers are empty"),
+    (["subscribers", "-b", ","], "bad bootstrap server ''"),
+    (["inspect", "Q", "-b", "127.0.0.1:notaport"], "bad bootstrap server '127.0.0.1:notaport'"),
     (["consume", "Q", "--replay-period", "60s"], "--replay-period applies to --browse only"),
     (["journal", "dump", "--since", "yesterday"], "or epoch milliseconds"),
     (["journal", "dump", "--since", "-1h", "--until", "-2h"],
@@ -77,3 +80,10 @@ def test_a_data_dir_that_cannot_be_made_exits_2_before_any_broker(tmp_path):
     assert out.exit_code == 2, out.output
     said = f"[service] data_dir {tmp_path}/file/sub: cannot create it"
     assert "".join(said.split()) in "".join(out.output.split())  # however the line wrapped
+
+
+def test_a_config_with_bad_bootstrap_servers_is_refused(tmp_path):
+    path = tmp_path / "kq.toml"
+    path.write_text('[service]\nbootstrap_servers = "host:99999"\n\n[[queue]]\nname = "Q"\n')
+    with pytest.raises(ConfigError, match="bad bootstrap server 'host:99999'"):
+        load_config(path)
