@@ -212,6 +212,8 @@ def grep(
     c = src.consumer()
     with errors_to_exit_codes():
         names = reading.matching_topics(src.bootstrap, src.kafka, topics or "")
+        if not names:  # (a typo, most likely: said, as replay says it)
+            raise KqError(f"no topic matches --topics {topics!r}")
         spans = reading.spans(c, src.bootstrap, src.kafka, names)
         with _progress(spans, "searching") as progress:
             found = reading.topic_records(c, spans, since_ms, until_ms, expr, progress)

@@ -110,8 +110,9 @@ def serve(
     service = Instance(cfg, bootstrap)
     _on_signals(action=service.stop)
     svc = cfg.service
-    console.print(f"kq: instance {svc.instance} serving {len(cfg.queue)} queue(s) in "
-                  f"{svc.shards} shard(s) from Kafka at [bold]{bootstrap}[/], state in "
+    # (said before Kafka is reached: an unreachable one is an error of its own, exit 3)
+    console.print(f"kq: instance {svc.instance} starting: {len(cfg.queue)} queue(s) in "
+                  f"{svc.shards} shard(s), Kafka at [bold]{bootstrap}[/], state in "
                   f"{svc.data_dir}", highlight=False)
     for q in cfg.queue:
         console.print(f"  {q.name:<24} shard {cfg.shard_of(q.name):<3} topics "

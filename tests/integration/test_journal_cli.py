@@ -141,6 +141,10 @@ def test_grep_shows_a_bookmarks_record_and_life_and_searches_topics(bootstrap, t
             out = kq("journal", "grep", wrong, "--config", str(cfg))
             assert out.returncode == 1 and said in " ".join(out.stdout.split()), out.stdout
             assert time.monotonic() - started < 9  # not the 10 s fetch
+        # a --topics regex that matches nothing is a mistake, as replay says (it was "0
+        # records matched in 0 topics", exit 0)
+        typo = kq("journal", "grep", "--topics", f"^NOPE{prefix}$", "--config", str(cfg))
+        assert typo.returncode == 1 and "no topic matches --topics" in typo.stderr
 
 
 def test_replay_republishes_matching_records_in_order_with_their_origin(bootstrap, tmp_path):
