@@ -22,6 +22,7 @@ from broker.client.core import (
     ClientCore,
     Outgoing,
     SubscriptionState,
+    bookmark_list,
     duration_ms,
     refusal_error,
     subscribe_command,
@@ -45,8 +46,8 @@ class AsyncMessage(Message):
 
     async def cancel(self, delay: str | float | None = None) -> None:  # type: ignore[override]
         if not self.browsed:
+            await self._client._cancel(self, delay)  # (a bad delay raises: not answered)
             self.answered = True
-            await self._client._cancel(self, delay)
 
     async def expire(self) -> None:  # type: ignore[override]
         if not self.browsed:
@@ -155,7 +156,7 @@ class AsyncQueueClient:
     async def ack(self, queue: str, bookmarks: list[str]) -> None:
         """Acknowledge many messages at once, by bookmark; raise CommandError naming any
         refused."""
-        await self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
+        await self._request("ack", queue=queue, bookmarks=bookmark_list(bookmarks))
 
     async def ack_where(self, queue: str, expression: str) -> int:
         """Ack every active message of `queue` that `expression` matches; how many."""
@@ -205,7 +206,7 @@ class AsyncQueueClient:
 
     async def _extend(self, msg: Message, period: str | float) -> float:
         body = await self._settle_waiting("extend", msg,
-                                          period_ms=duration_ms(period, "period"))
+                                          period_ms=duration_ms(period, "period", positive=True))
         msg.lease_deadline = body["deadline_ms"] / 1000
         return msg.lease_deadline
 

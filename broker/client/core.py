@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Final
@@ -111,14 +112,31 @@ def subscribe_command(queue: str, filter: str | None, max_backlog: int | None, m
             "replay_period_ms": replay_ms}
 
 
-def duration_ms(value: str | float, what: str) -> int:
-    """A duration given as text ("30s") or seconds (30.0), in ms; CommandError if bad."""
+def bookmark_list(bookmarks: Iterable[Any]) -> list[str]:
+    """Bookmarks to ack as texts; one given alone, as a str, is one bookmark (not a
+    sequence of one-letter ones)."""
+    if isinstance(bookmarks, str):
+        return [bookmarks]
+    return [str(b) for b in bookmarks]
+
+
+def duration_ms(value: str | float, what: str, positive: bool = False) -> int:
+    """A duration given as text ("30s") or seconds (30.0), in ms; CommandError if bad, or
+    below zero (at zero too, when it must be `positive`): said here, where the caller can
+    be told, rather than refused by the service after a cancel was sent without waiting."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return int(value * 1000)
-    try:
-        return Duration.parse(str(value)).ms
-    except ValueError as exc:
-        raise CommandError(f"bad {what}: {exc}") from None
+        if not math.isfinite(value):
+            raise CommandError(f"bad {what}: {value!r} seconds")
+        ms = int(value * 1000)
+    else:
+        try:
+            ms = Duration.parse(str(value)).ms
+        except ValueError as exc:
+            raise CommandError(f"bad {what}: {exc}") from None
+    if ms < 0 or (positive and ms == 0):
+        least = "more than 0" if positive else "0 or more"
+        raise CommandError(f"bad {what}: {value!r} (it must be {least})")
+    return ms
 
 
 class ClientCore:

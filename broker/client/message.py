@@ -98,8 +98,8 @@ class Message:
         """Give the message back to the queue; with `delay` ("30s", or seconds) it is
         available again only after that, instead of after the queue's redelivery delay."""
         if not self.browsed:
+            self._client._cancel(self, delay)  # (a bad delay raises: not answered then)
             self.answered = True
-            self._client._cancel(self, delay)
 
     def expire(self) -> None:
         """Remove the message from the queue (dead-lettered with reason expire-requested)."""

@@ -27,6 +27,7 @@ from broker.client.core import (
     ClientCore,
     Outgoing,
     SubscriptionState,
+    bookmark_list,
     duration_ms,
     refusal_error,
     subscribe_command,
@@ -100,9 +101,9 @@ class QueueClient:
             self._heartbeat_s = min(self._heartbeat_s, self.core.heartbeat_s)
 
     def ack(self, queue: str, bookmarks: Iterable[str]) -> None:
-        """Acknowledge many messages at once, by bookmark (whichever delivery each is in);
-        raise CommandError naming any refused."""
-        self._request("ack", queue=queue, bookmarks=[str(b) for b in bookmarks])
+        """Acknowledge many messages at once, by bookmark (whichever delivery each is in; a
+        single bookmark may be given alone); raise CommandError naming any refused."""
+        self._request("ack", queue=queue, bookmarks=bookmark_list(bookmarks))
 
     def ack_where(self, queue: str, expression: str) -> int:
         """Ack every active message of `queue` that `expression` matches (available ones,
@@ -183,7 +184,8 @@ class QueueClient:
         self._send(self.core.settle("expire", msg))
 
     def _extend(self, msg: Message, period: str | float) -> float:
-        body = self._settle_waiting("extend", msg, period_ms=duration_ms(period, "period"))
+        period_ms = duration_ms(period, "period", positive=True)
+        body = self._settle_waiting("extend", msg, period_ms=period_ms)
         msg.lease_deadline = body["deadline_ms"] / 1000
         return msg.lease_deadline
 

@@ -40,3 +40,57 @@ def test_subscribing_again_still_raises_what_a_close_does_not_explain():
     client._subscribe = broken
     with pytest.raises(RuntimeError, match="something else"):
         client._subscribe_again()
+
+
+class Sent:
+    """A transport that keeps what the client sends."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def send(self, records) -> None:
+        self.records += records
+
+
+def client_holding_one_message():
+    from broker.client.message import batch_of
+    client = QueueClient.__new__(QueueClient)  # a transport that keeps what is sent
+    client.core = ClientCore("w", "w", owner=client)
+    client._io = Sent()
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    client.core.add(sub)
+    client.core.subscribed(sub, {"backlog": 1})
+    client.core._deliver("s1", "Q", "json", batch_of([("T/0/0", 1, None, False, 0, None,
+                                                         b"{}", [], 0)]))
+    return client, sub.buffer[0]
+
+
+@pytest.mark.parametrize("delay", [-1, "-5s", "soon", float("nan"), float("inf")])
+def test_a_cancel_with_a_bad_delay_raises_sends_nothing_and_leaves_the_message_unanswered(
+        delay):
+    """It was sent, refused by the service later (only in `errors`), and the message taken
+    for answered: a worker then neither acked nor cancelled it, and it waited out its lease.
+    A float the service cannot take (inf) raised OverflowError out of the client."""
+    from broker.client import CommandError
+    client, msg = client_holding_one_message()
+    with pytest.raises(CommandError, match="bad delay"):
+        msg.cancel(delay)
+    assert client._io.records == [] and not msg.answered
+    msg.cancel(0)  # (zero: at once)
+    assert len(client._io.records) == 1 and msg.answered
+
+
+@pytest.mark.parametrize("period", [0, -3, "0s", float("inf")])
+def test_an_extend_by_nothing_or_less_is_refused_before_it_is_sent(period):
+    from broker.client import CommandError
+    client, msg = client_holding_one_message()
+    with pytest.raises(CommandError, match="bad period"):
+        msg.extend(period)
+    assert client._io.records == []
+
+
+def test_one_bookmark_given_alone_is_acked_as_one():
+    """`client.ack("Q", "T/0/3")` was read letter by letter: "bad bookmark 'T'"."""
+    from broker.client.core import bookmark_list
+    assert bookmark_list("T/0/3") == ["T/0/3"]
+    assert bookmark_list(["T/0/3", "T/0/4"]) == ["T/0/3", "T/0/4"]
