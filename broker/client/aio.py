@@ -141,6 +141,7 @@ class AsyncQueueClient:
                         max_backlog: int | None = None, mode: str = "queue",
                         replay_period: str | None = None) -> AsyncSubscription:
         """As `QueueClient.subscribe`."""
+        self.core.check_open()
         if self.core.shards == 1:
             self.core.shards = await asyncio.to_thread(self._transport().shard_count)
         asked = subscribe_command(queue, filter, max_backlog, mode, replay_period)
@@ -179,6 +180,7 @@ class AsyncQueueClient:
         out = self.core.take_acks()
         for shard in self.core.shards_used():
             out += self.core.command("close", shard=shard)
+        self.core.closed = True  # (after the last commands: none may follow them)
         io = self._io
         try:
             await asyncio.to_thread(io.send, out)

@@ -31,7 +31,7 @@ from mypy_extensions import mypyc_attr
 from broker import wire
 from broker.client.acks import AckBatches
 from broker.client.message import Message, batch_of, read_columns
-from broker.errors import CommandError
+from broker.errors import CommandError, KqError
 from broker.packed import pack_array, unpack_payload
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE, Duration
@@ -161,6 +161,7 @@ class ClientCore:
         self._chunks: dict[str, dict[int, dict[str, Any]]] = {}
         self._waiting: set[str] = set()
         self.acks = AckBatches()
+        self.closed = False  # set by the client's close: nothing more may be sent
 
     # -- commands --------------------------------------------------------------------------
     def shard_of(self, queue: str) -> int:
@@ -174,6 +175,7 @@ class ClientCore:
                 **fields: Any) -> list[Outgoing]:
         """The records of one command; batched acks go first (a close, a cancel or an
         unsubscribe must not overtake them)."""
+        self.check_open()
         out = self.take_acks() if kind != "ack" else []
         record: dict[str, Any] = {
             "type": kind, "client": self.name, "request_id": request_id, "queue": None,
@@ -214,7 +216,16 @@ class ClientCore:
 
     def ack(self, msg: Message) -> bool:
         """Keep an ack for the next batch; True when the acks kept should go now."""
+        if self.closed:
+            self.check_open()
         return self.acks.keep(msg.queue, msg.bookmark, msg.delivery_count)
+
+    def check_open(self) -> None:
+        """Raise if the client was closed: its leases went back at the close, and an ack
+        kept or a command made now would go nowhere (or out of a closed consumer)."""
+        if self.closed:
+            raise KqError(f"client {self.name} is closed: its leases went back to the "
+                          "queues at the close")
 
     def take_acks(self) -> list[Outgoing]:
         """The commands carrying every ack kept."""

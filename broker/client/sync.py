@@ -81,6 +81,7 @@ class QueueClient:
         each new one, in arrival order, leasing nothing (with `replay_period`, e.g. "60s",
         only those published within that period before now). Raises CommandError when the
         service refuses (unknown queue, bad filter, not entitled)."""
+        self.core.check_open()
         if self.core.shards == 1:
             self.core.shards = self._io.shard_count()  # the service may have made more
         asked = subscribe_command(queue, filter, max_backlog, mode, replay_period)
@@ -151,6 +152,7 @@ class QueueClient:
             out = self.core.take_acks()
             for shard in self.core.shards_used():
                 out += self.core.command("close", shard=shard)
+            self.core.closed = True  # (after the last commands: none may follow them)
             self._io.send(out)
             self._io.producer.flush(5)
         finally:
@@ -290,6 +292,8 @@ class QueueClient:
                 sub.refused(str(exc))
                 self.core.subs.pop(sub.sub_id, None)
             except KqError as exc:
+                if self._closed.is_set():
+                    return
                 log.warning("subscribing again to %s: %s; trying again", sub.queue, exc)
             except RuntimeError:  # confluent-kafka's "Consumer closed"
                 if self._closed.is_set():

@@ -94,3 +94,20 @@ def test_one_bookmark_given_alone_is_acked_as_one():
     from broker.client.core import bookmark_list
     assert bookmark_list("T/0/3") == ["T/0/3"]
     assert bookmark_list(["T/0/3", "T/0/4"]) == ["T/0/3", "T/0/4"]
+
+
+def test_after_the_close_every_answer_and_command_raises_saying_the_client_is_closed():
+    """An ack after the close was kept and never sent, silently (the lease had gone back
+    at the close), and a subscribe or a confirmed ack raised "Consumer closed" from the
+    Kafka client."""
+    from broker.errors import KqError
+    client, msg = client_holding_one_message()
+    client._closed = threading.Event()
+    client._closed.set()  # what close() sets first, then the core's flag after its commands
+    client.core.closed, client.request_timeout = True, 1.0
+    for answer in (msg.ack, msg.cancel, msg.expire, lambda: msg.extend("5s"),
+                   lambda: msg.ack(wait=True), lambda: client.ack("Q", ["T/0/0"]),
+                   lambda: client.subscribe("Q")):
+        with pytest.raises(KqError, match="client w is closed"):
+            answer()
+    assert client._io.records == []
