@@ -60,7 +60,15 @@ class Publisher:
                     raise KqError(f"queue {paused[0]} reading {topic} is paused (flow control: "
                                   f"over max_messages or max_bytes) for over {self.max_wait} s")
                 self._changed.wait(left)
-        self._producer.produce(topic, value, key, headers=headers)
+        while True:
+            try:
+                self._producer.produce(topic, value, key, headers=headers)
+                break
+            except BufferError:  # the producer's own queue is full: wait for room in it
+                if time.monotonic() >= deadline:
+                    raise KqError(f"the producer's queue stayed full for over {self.max_wait} s"
+                                  " (Kafka takes the records slower than they come)") from None
+                self._producer.poll(0.05)
         self._producer.poll(0)
 
     def paused_for(self, topic: str) -> list[str]:
