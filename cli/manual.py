@@ -158,6 +158,9 @@ def consume(
         console.print(f"{seen} message(s)")
 
 
+ACK_WHERE_S = 120.0  # how long `kq ack --where` waits for the service's answer
+
+
 def ack(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
     where: Annotated[str, typer.Option("--where", help="Expression: ack every active message "
@@ -167,8 +170,11 @@ def ack(
     """Acknowledge by filter: every active message of the queue the expression matches
     (leased ones too where `leasing = "permissive"`)."""
     cfg = load(config)
+    # The service reads the whole queue, each message's payload included (about 40 µs per
+    # message compiled: 400,000 queued take some 16 s), so the answer is given longer than
+    # a lookup's 10 s.
     with errors_to_exit_codes(), QueueClient(
-            bootstrap_of(bootstrap_servers, cfg), name="kq-cli",
+            bootstrap_of(bootstrap_servers, cfg), name="kq-cli", request_timeout=ACK_WHERE_S,
             topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:
         count = c.ack_where(queue, where)
     if json:
