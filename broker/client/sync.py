@@ -22,15 +22,13 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from broker.client.arguments import bookmark_list, duration_ms, subscribe_command
 from broker.client.core import (
     OWN_TOPIC_NEEDED,
     ClientCore,
     Outgoing,
     SubscriptionState,
-    bookmark_list,
-    duration_ms,
     refusal_error,
-    subscribe_command,
 )
 from broker.client.message import Message
 from broker.client.transport import Transport, client_name, principal_of

@@ -91,7 +91,7 @@ def test_an_extend_by_nothing_or_less_is_refused_before_it_is_sent(period):
 
 def test_one_bookmark_given_alone_is_acked_as_one():
     """`client.ack("Q", "T/0/3")` was read letter by letter: "bad bookmark 'T'"."""
-    from broker.client.core import bookmark_list
+    from broker.client.arguments import bookmark_list
     assert bookmark_list("T/0/3") == ["T/0/3"]
     assert bookmark_list(["T/0/3", "T/0/4"]) == ["T/0/3", "T/0/4"]
 
