@@ -2,7 +2,6 @@
 
 No queue rule lives here. The commit order is `broker.service.commit`'s; start-up recovery is
 `broker.service.recovery`'s; which shards a process serves is `broker.service.instance`'s.
-With `[service] shards = 1` (the default) the one shard is every queue.
 """
 
 from __future__ import annotations
@@ -190,8 +189,7 @@ class Service:
     # -- one iteration ---------------------------------------------------------------------
     def _configure_queues(self) -> None:
         """New queues start at their recovery point; changed ones start again from it."""
-        batch = _Batch()
-        now = now_ms()
+        batch, now = _Batch(), now_ms()
         for name, q in self.engine.queues.items():
             event = ev.Configured(name, q.config.recovery_point, q.config.recovery_start_ms(now))
             self._run(event, now, batch)
@@ -203,8 +201,7 @@ class Service:
 
     def _send_again(self, leases: list[Transition]) -> None:
         """Deliver again the leases of the last batch before a crash that still stand."""
-        batch = _Batch()
-        now = now_ms()
+        batch, now = _Batch(), now_ms()
         for t in leases:
             q = self.engine.queues.get(t.queue)
             msg = q.messages.get(t.bookmark) if q and t.bookmark else None
@@ -230,15 +227,14 @@ class Service:
         self.metrics.observe(self.engine, batch.cp.transitions, records_in=records_in)
 
     def _step(self) -> None:
-        gap = self._fence.alive()
-        if gap > DEAF_S:  # frozen or slow: heartbeats unread; beyond DEAF_S only, so a
-            self.engine.deaf_for(int((gap - DEAF_S) * 1000))  # slow loop still sees silence
+        self._heed_gap()
         if self._idle_flush:  # (tests without it move batches on at commits only)
             self._committer.advance()
         self.inputs.refresh()
         # With a batch held, take only what is there: if nothing is, it goes out now.
         records = self.inputs.poll(BATCH_SIZE,
                                    wait=not (self._committer.holding and self._idle_flush))
+        self._heed_gap()  # an idle service is frozen inside the poll's wait, most likely
         started = time.monotonic()
         now = now_ms()
         batch = _Batch()
@@ -274,11 +270,14 @@ class Service:
             self._answer_snapshots(batch.snapshots)
         assert self._snapshots is not None
         self._snapshots.maybe_start()
-        took = time.monotonic() - started
-        if took > SLOW_BATCH_S:
+        if (took := time.monotonic() - started) > SLOW_BATCH_S:
             log.info("slow batch: %d records, %d transitions, %d deliveries; %.0f ms "
                      "(engine %.0f ms)", len(records), len(batch.cp.transitions),
                      len(batch.envelopes or ()), took * 1000, (handled - started) * 1000)
+
+    def _heed_gap(self) -> None:  # frozen or slow since the last look: heartbeats unread
+        if (gap := self._fence.alive()) > DEAF_S:
+            self.engine.deaf_for(int((gap - DEAF_S) * 1000))
 
     def _answer_snapshots(self, queries: list[Query]) -> None:
         """State snapshots between batches: exactly the last journaled batch's state (the

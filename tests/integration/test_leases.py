@@ -1,12 +1,13 @@
 """SPEC sections 6-7 end to end: the real service, the real client, a real broker."""
 
+import signal
 import threading
 import time
 
 import pytest
 
 from broker import wire
-from broker.client import CommandError
+from broker.client import CommandError, QueueClient
 from tests.integration.kit import (
     config,
     drain,
@@ -14,6 +15,7 @@ from tests.integration.kit import (
     publish,
     read_topic,
     running_service,
+    serving_one_queue,
     uid,
     wait_for,
 )
@@ -229,3 +231,25 @@ def test_two_live_processes_with_one_client_name_are_both_told(world):
         for c in (one, other):
             wait_for(lambda c=c: any("another live process uses the client name" in e
                                      for e in c.errors), timeout=20, what="the name-in-use notice")
+
+
+def test_a_service_frozen_past_the_heartbeat_timeout_keeps_its_live_clients(bootstrap, tmp_path):
+    """kill -STOP of an idle `kq serve` for longer than heartbeat_timeout, its client
+    heartbeating all along (the heartbeats wait unread in Kafka): woken, the service must
+    not take that for silence. It did, dropping the client and taking its lease back: an
+    idle service is frozen inside its poll's wait, and only a freeze between two turns of
+    its loop was allowed for."""
+    with serving_one_queue(bootstrap, tmp_path, "FROZEN", service='heartbeat_timeout = "3s"\n'
+                           'session_timeout = "30s"') as (name, _, prefix, serve):
+        publish(bootstrap, name, [b'{"n": 1}'])
+        with QueueClient(bootstrap, topic_prefix=prefix) as client:
+            (msg,) = drain(client.subscribe(name, max_backlog=1), 1)
+            assert serve.proc is not None
+            serve.proc.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(7)  # the freeze itself: past the 3 s heartbeat timeout
+            finally:
+                serve.proc.send_signal(signal.SIGCONT)
+            # read after the woken service's first turn, where the drop would have been
+            msg.ack(wait=True)  # LeaseLost if the lease was taken back
+            assert not client.errors
