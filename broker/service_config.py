@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import socket
+from typing import Final
 
 from pydantic import ByteSize, Field, StrictBool, field_validator, model_validator
 
 from broker.config_fields import DurationField, RetentionField, check_bootstrap
 from broker.config_fields import Strict as _Strict
 from broker.values import Duration
+
+INSTANCE_NAME: Final = r"^[A-Za-z0-9._-]{1,200}$"  # [service] instance, kq serve --instance
 
 
 class ServiceConfig(_Strict):
@@ -41,7 +44,7 @@ class ServiceConfig(_Strict):
     shards: int = Field(1, ge=1, le=256)
     """How many shards the queues are split into (1-256), each owned by one instance at a
     time. Fixed once the journal exists."""
-    instance: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    instance: str = Field(default_factory=socket.gethostname, pattern=INSTANCE_NAME)
     """This instance's name, unique among the instances of a topic prefix (`kq serve
     --instance` or env KQ_INSTANCE override it). Default: the host name."""
     session_timeout: DurationField = Duration(10_000)
@@ -64,6 +67,8 @@ class ServiceConfig(_Strict):
     def _journal_outlives_snapshots(self) -> ServiceConfig:
         if self.snapshot_interval.ms < 1000:
             raise ValueError(f"snapshot_interval = {self.snapshot_interval}: at least 1s")
+        if self.session_timeout.ms < 1000:  # (Kafka refuses 0; below 1 s the group flaps)
+            raise ValueError(f"session_timeout = {self.session_timeout}: at least 1s")
         retention = self.journal_retention
         if retention is not None and retention.ms < 2 * self.snapshot_interval.ms:
             raise ValueError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import threading
@@ -15,6 +16,7 @@ import typer
 from broker.errors import StateError
 from broker.kafka.apache import SUPER_USER, ApacheKafka, ApacheKafkaError
 from broker.kafka.embedded import EmbeddedBroker, EmbeddedBrokerError
+from broker.service_config import INSTANCE_NAME
 from cli.common import (
     EXIT_FAILURE,
     EXIT_USAGE,
@@ -88,6 +90,8 @@ def serve(
     logging.getLogger("kq.serve").info("%s", compiled.describe())
     cfg = load(config)
     overrides = {k: v for k, v in (("data_dir", data_dir), ("instance", instance)) if v}
+    if instance and not re.match(INSTANCE_NAME, instance):  # (model_copy checks nothing)
+        fail(f"bad --instance {instance!r}: use 1-200 of A-Z a-z 0-9 . _ -", 2)
     if overrides:
         cfg = cfg.model_copy(update={"service": cfg.service.model_copy(update=overrides)})
     if not cfg.queue:

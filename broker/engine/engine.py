@@ -170,7 +170,8 @@ class Engine(Timers, Dispatcher, Acks, Admission):
         q = self.queues.get(name)
         if q is None:
             known = ", ".join(sorted(self.queues)) or "none"
-            self._reject(client, request_id, f"unknown queue {name!r} (known queues: {known})")
+            self._reject(client, request_id, f"unknown queue {name!r} (the shard it would be "
+                         f"in serves: {known}; `kq queues` lists them all)")
             return None
         who = client if principal is None else principal
         if self.auth is not None and not who:

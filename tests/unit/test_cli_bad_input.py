@@ -87,3 +87,20 @@ def test_a_config_with_bad_bootstrap_servers_is_refused(tmp_path):
     path.write_text('[service]\nbootstrap_servers = "host:99999"\n\n[[queue]]\nname = "Q"\n')
     with pytest.raises(ConfigError, match="bad bootstrap server 'host:99999'"):
         load_config(path)
+
+
+def test_a_session_timeout_below_a_second_is_refused_naming_it(tmp_path):
+    """"0s" was blamed on [service.kafka] by librdkafka; "500ms" was taken, and the group
+    took the shard away over and over."""
+    path = tmp_path / "kq.toml"
+    path.write_text('[service]\nsession_timeout = "500ms"\n\n[[queue]]\nname = "Q"\n')
+    with pytest.raises(ConfigError, match="session_timeout = 500ms: at least 1s"):
+        load_config(path)
+
+
+def test_a_bad_instance_name_on_the_command_line_is_refused_as_in_the_config(tmp_path):
+    """`--instance` (and KQ_INSTANCE) skipped the config's check: 'bad name/x' served."""
+    cfg = tmp_path / "kq.toml"
+    cfg.write_text(f'[service]\ndata_dir = "{tmp_path}/d"\n\n[[queue]]\nname = "Q"\n')
+    out = _run("serve", "--config", str(cfg), "--instance", "bad name/x")
+    assert out.exit_code == 2 and "bad --instance 'bad name/x'" in out.output, out.output
