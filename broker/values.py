@@ -124,3 +124,10 @@ class Bookmark:
         if text is None:
             text = self._text = f"{self.topic}/{self.partition}/{self.offset}"
         return text
+
+
+# What a command may ask, bounded by what kq stores: a backlog is an int32 of the journal, and a
+# deadline (now plus a period or delay) an int64 of milliseconds. Past these a command is
+# refused, not carried into the service, where packing it would fail.
+MAX_BACKLOG: Final = 2**31 - 1
+MAX_PERIOD_MS: Final = 100 * 365 * 86_400_000  # a hundred years

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from broker.errors import CommandError
-from broker.values import Duration
+from broker.values import MAX_BACKLOG, MAX_PERIOD_MS, Duration
 
 
 def subscribe_command(queue: str, filter: str | None, max_backlog: int | None, mode: str,
@@ -26,6 +26,10 @@ def subscribe_command(queue: str, filter: str | None, max_backlog: int | None, m
     if max_backlog is not None and (isinstance(max_backlog, bool)
                                     or not isinstance(max_backlog, int)):
         raise CommandError(f"max_backlog must be an integer >= 0, got {max_backlog!r}")
+    if max_backlog is not None and max_backlog > MAX_BACKLOG:
+        raise CommandError(f"max_backlog must be <= {MAX_BACKLOG}, got {max_backlog}")
+    if not isinstance(queue, str) or not (filter is None or isinstance(filter, str)):
+        raise CommandError(f"queue and filter are text: got {queue!r} and {filter!r}")
     return {"queue": queue, "filter": filter, "max_backlog": max_backlog, "mode": mode,
             "replay_period_ms": replay_ms}
 
@@ -51,6 +55,8 @@ def duration_ms(value: str | float, what: str, positive: bool = False) -> int:
             ms = Duration.parse(str(value)).ms
         except ValueError as exc:
             raise CommandError(f"bad {what}: {exc}") from None
+    if ms > MAX_PERIOD_MS:
+        raise CommandError(f"bad {what}: {value!r} (at most a hundred years)")
     if ms < 0 or (positive and ms == 0):
         least = "more than 0" if positive else "0 or more"
         raise CommandError(f"bad {what}: {value!r} (it must be {least})")

@@ -11,7 +11,7 @@ from broker import wire
 from broker.config import Config
 from broker.engine import events as ev
 from broker.packed import unpack_array
-from broker.values import CLIENT_NAME, Bookmark
+from broker.values import CLIENT_NAME, MAX_BACKLOG, MAX_PERIOD_MS, Bookmark
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,12 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
                 return [Invalid(client, rid, f"unknown mode {c['mode']!r} (use 'queue' or "
                                              "'browse')")]
             backlog = 1 if c["max_backlog"] is None else int(c["max_backlog"])
+            if backlog > MAX_BACKLOG:
+                return [Invalid(client, rid, f"max_backlog must be <= {MAX_BACKLOG}, got "
+                                             f"{backlog}")]
+            if (c["replay_period_ms"] or 0) > MAX_PERIOD_MS:
+                return [Invalid(client, rid, f"replay_period of {c['replay_period_ms']} ms is "
+                                             "longer than a hundred years")]
             return [ev.Subscribed(client, c["sub_id"] or "", queue, backlog, rid,
                                   c["filter"] or None, who, browse=c["mode"] == "browse",
                                   replay_ms=c["replay_period_ms"])]
@@ -105,8 +111,9 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
             return [ev.AckWhere(client, queue, c["filter"] or "", rid, who)]
         case "cancel":
             delay = c["delay_ms"]
-            if delay is not None and delay < 0:
-                return [Invalid(client, rid, f"a cancel's delay must be >= 0 ms, not {delay}")]
+            if delay is not None and not 0 <= delay <= MAX_PERIOD_MS:
+                return [Invalid(client, rid, f"a cancel's delay must be >= 0 ms and at most a "
+                                             f"hundred years, not {delay}")]
             return [ev.Cancelled(client, queue, b, rid, who, delay, n)
                     for b, n in zip(bookmarks, counts, strict=True)]
         case "expire":
@@ -114,8 +121,9 @@ def _events(c: dict[str, Any], client: str, rid: str, kind: str,
                     for b, n in zip(bookmarks, counts, strict=True)]
         case "extend":
             period = c["period_ms"]
-            if period is None or period <= 0:
-                return [Invalid(client, rid, f"an extend's period must be > 0 ms, not {period}")]
+            if period is None or not 0 < period <= MAX_PERIOD_MS:
+                return [Invalid(client, rid, f"an extend's period must be > 0 ms and at most a "
+                                             f"hundred years, not {period}")]
             return [ev.Extended(client, queue, b, n, period, rid, who)
                     for b, n in zip(bookmarks, counts, strict=True)]
         case "query":

@@ -102,3 +102,27 @@ def test_acks_written_with_the_command_schema_before_packing_are_read():
         "query": None, "principal": None, "replay_period_ms": None, "delay_ms": None,
         "delivery_counts": COUNTS, "period_ms": None, "sent_ms": 0})
     assert decode_command(buf.getvalue()) == [EXPECTED]
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"type": "subscribe", "sub_id": "s", "max_backlog": 2**31}, "max_backlog must be <="),
+    ({"type": "subscribe", "sub_id": "s", "mode": "browse", "replay_period_ms": 2**62},
+     "longer than a hundred years"),
+    ({"type": "extend", "bookmarks": ["T/0/1"], "period_ms": 2**62}, "at most a hundred"),
+    ({"type": "cancel", "bookmarks": ["T/0/1"], "delay_ms": 2**62}, "at most a hundred"),
+])
+def test_values_past_what_the_journal_holds_are_refused_not_carried_in(fields, why):
+    """A max_backlog past int32, or a period or delay whose deadline passes int64 ms, went
+    into the engine and then into the journal's packing, which raised struct.error inside
+    `kq serve`: it stopped, and stopped again at every restart on reading the command."""
+    (out,) = decode_command(_command(**fields))
+    assert isinstance(out, Invalid) and why in out.message and out.client == "w"
+
+
+def test_the_largest_values_a_command_may_ask_pack_into_a_journal_part():
+    from broker.engine.transitions import Kind, Transition
+    from broker.service.journal import encode_columns
+    from broker.values import MAX_BACKLOG, MAX_PERIOD_MS
+    t = Transition(Kind.LEASED, "Q", 0, Bookmark.parse("T/0/1"), max_backlog=MAX_BACKLOG,
+                   deadline_ms=4_102_444_800_000 + MAX_PERIOD_MS)  # leased in 2100
+    assert encode_columns([t])["count"] == 1

@@ -65,7 +65,8 @@ def client_holding_one_message():
     return client, sub.buffer[0]
 
 
-@pytest.mark.parametrize("delay", [-1, "-5s", "soon", float("nan"), float("inf")])
+@pytest.mark.parametrize("delay", [-1, "-5s", "soon", float("nan"), float("inf"), 1e17,
+                                   "106751980000d"])
 def test_a_cancel_with_a_bad_delay_raises_sends_nothing_and_leaves_the_message_unanswered(
         delay):
     """It was sent, refused by the service later (only in `errors`), and the message taken
@@ -80,7 +81,7 @@ def test_a_cancel_with_a_bad_delay_raises_sends_nothing_and_leaves_the_message_u
     assert len(client._io.records) == 1 and msg.answered
 
 
-@pytest.mark.parametrize("period", [0, -3, "0s", float("inf")])
+@pytest.mark.parametrize("period", [0, -3, "0s", float("inf"), 1e16])
 def test_an_extend_by_nothing_or_less_is_refused_before_it_is_sent(period):
     from broker.client import CommandError
     client, msg = client_holding_one_message()
@@ -111,3 +112,17 @@ def test_after_the_close_every_answer_and_command_raises_saying_the_client_is_cl
         with pytest.raises(KqError, match="client w is closed"):
             answer()
     assert client._io.records == []
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (("Q", None, 2**31), "max_backlog must be <= 2147483647"),
+    ((5, None, None), "queue and filter are text"),
+    (("Q", 5, None), "queue and filter are text"),
+])
+def test_subscribe_arguments_kq_cannot_carry_are_refused_at_the_call(args, why):
+    """They raised ValueError from the Avro encoder, or (a backlog past int32) stopped the
+    service."""
+    from broker.client import CommandError
+    from broker.client.arguments import subscribe_command
+    with pytest.raises(CommandError, match=why):
+        subscribe_command(*args, mode="queue", replay_period=None)
