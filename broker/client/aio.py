@@ -43,12 +43,12 @@ class AsyncMessage(Message):
             await self._client._ack(self, wait)
 
     async def cancel(self, delay: str | float | None = None) -> None:  # type: ignore[override]
-        if not self.browsed:
+        if self.settles:  # (a barrier or a browsed copy needs no answer)
             await self._client._cancel(self, delay)  # (a bad delay raises: not answered)
             self.answered = True
 
     async def expire(self) -> None:  # type: ignore[override]
-        if not self.browsed:
+        if self.settles:  # (a barrier or a browsed copy needs no answer)
             self.answered = True
             await self._client._expire(self)
 

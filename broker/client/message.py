@@ -97,13 +97,13 @@ class Message:
     def cancel(self, delay: str | float | None = None) -> None:
         """Give the message back to the queue; with `delay` ("30s", or seconds) it is
         available again only after that, instead of after the queue's redelivery delay."""
-        if not self.browsed:
+        if self.settles:  # (a barrier or a browsed copy needs no answer)
             self._client._cancel(self, delay)  # (a bad delay raises: not answered then)
             self.answered = True
 
     def expire(self) -> None:
         """Remove the message from the queue (dead-lettered with reason expire-requested)."""
-        if not self.browsed:
+        if self.settles:  # (a barrier or a browsed copy needs no answer)
             self.answered = True
             self._client._expire(self)
 

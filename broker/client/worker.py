@@ -124,7 +124,9 @@ class Worker:
                 self._loop().run_until_complete(self.handler(msg))
             else:
                 self.handler(msg)
-        except Exception:  # noqa: BLE001 - a failing job is the handler's, not the worker's
+        # (BaseException: a handler's KeyboardInterrupt or SystemExit is a failed job too,
+        # raised in a pool thread where nothing else would see it)
+        except BaseException:  # noqa: BLE001 - a failing job is the handler's, not the worker's
             log.exception("handler failed on %s (delivery %d): cancelled", msg.bookmark,
                           msg.delivery_count)
             with self._count_lock:
