@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     StrictBool,
+    StrictInt,
     ValidationError,
     field_validator,
     model_validator,
@@ -52,16 +53,16 @@ class QueueConfig(_Strict):
     lease_period: DurationField = Duration(60_000)
     """How long a subscriber holds a message before it goes back to the queue unanswered
     (renewable with `msg.extend`)."""
-    max_deliveries: int = Field(0, ge=0)
+    max_deliveries: StrictInt = Field(0, ge=0)
     """A message delivered this many times whose last lease lapses is removed (dead-lettered
     with reason max-deliveries). 0: no limit."""
-    max_cancels: int = Field(0, ge=0)
+    max_cancels: StrictInt = Field(0, ge=0)
     """A message cancelled more often than this is removed (reason max-cancels). 0: no
     limit."""
     expiration: DurationField | None = None
     """A message still queued this long after its record's timestamp is removed (reason
     expired); a `kq-expiration` header (ms) sets a message's own. Default: never."""
-    max_per_subscription_backlog: int = Field(10, ge=1)
+    max_per_subscription_backlog: StrictInt = Field(10, ge=1)
     """The most messages one subscription may hold at once, whatever its `max_backlog`."""
     fairness: Literal["fast", "round-robin", "proportional"] | None = None
     """How messages are shared among subscribers: proportional to their free backlog
@@ -81,14 +82,14 @@ class QueueConfig(_Strict):
     priority: str | None = None
     """An expression computing each message's priority: higher first, arrival order among
     equals."""
-    priority_levels: int | None = Field(None, ge=2, le=10)
+    priority_levels: StrictInt | None = Field(None, ge=2, le=10)
     """A Qpid priority queue of this many levels (2-10): a priority 0-9 from `priority`,
     else the `kq-priority` header (4 when absent), collapsed onto the levels, highest
     first."""
     barrier_expression: str | None = None
     """An expression marking barrier messages: a barrier waits until every message before it
     is finished, then is sent to every subscriber."""
-    target_queue_depth: int | None = Field(None, ge=1)
+    target_queue_depth: StrictInt | None = Field(None, ge=1)
     """Read the underlying topics only while fewer than this many messages are queued
     (AMPS TargetQueueDepth): the rest waits in Kafka."""
     sort_key: str | None = None
@@ -108,9 +109,9 @@ class QueueConfig(_Strict):
     hold_on_publish: StrictBool = False
     """Honour the `kq-not-before` header (epoch ms): a message is held until then (Qpid's
     hold-until)."""
-    max_messages: int | None = Field(None, ge=1)
+    max_messages: StrictInt | None = Field(None, ge=1)
     """The most messages the queue holds; over it, `overflow_policy` decides."""
-    max_bytes: int | None = Field(None, ge=1)
+    max_bytes: StrictInt | None = Field(None, ge=1)
     """The most bytes (key + value + headers) the queue holds; over it, `overflow_policy`
     decides."""
     overflow_policy: Literal["none", "ring", "reject", "flow-control"] = "none"
@@ -122,7 +123,7 @@ class QueueConfig(_Strict):
     max_ttl: DurationField | None = None
     """Lower every message's time to live to at most this (also the time to live of
     messages that have none)."""
-    nondestructive: bool = False
+    nondestructive: StrictBool = False
     """Every subscription browses: messages are shown, never leased or taken (Qpid's
     nondestructive queues)."""
     default_replay_period: DurationField | None = None
@@ -137,7 +138,7 @@ class QueueConfig(_Strict):
     """With exponential backoff: the longest delay."""
     schema_: str | None = Field(None, alias="schema")
     """With `format = "avro"`: the path of the .avsc schema of the payloads."""
-    shard: int | None = Field(None, ge=0)
+    shard: StrictInt | None = Field(None, ge=0)
     """The shard that owns the queue (0 to shards - 1). Default: a stable hash of its
     name."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Final
 
-from pydantic import ByteSize, Field, StrictBool, field_validator, model_validator
+from pydantic import ByteSize, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from broker.config_fields import DurationField, RetentionField, check_bootstrap
 from broker.config_fields import Strict as _Strict
@@ -26,7 +26,7 @@ class ServiceConfig(_Strict):
     topic_prefix: str = Field("kq", pattern=r"^[A-Za-z0-9._-]+$")
     """The prefix of kq's own topics (PREFIX.commands, PREFIX.journal, PREFIX.deliver.*, ...)
     and of its consumer group."""
-    metrics_port: int = Field(9464, ge=0, le=65535)
+    metrics_port: StrictInt = Field(9464, ge=0, le=65535)
     """The Prometheus /metrics port. 0: none."""
     heartbeat_timeout: DurationField = Duration(10_000)
     """A client not heard from this long is dropped: its leases go back to the queues."""
@@ -41,7 +41,7 @@ class ServiceConfig(_Strict):
     itself are refused by name."""
     # Scale-out (SPEC 12): the queues are split into `shards`, each owned by one instance of
     # the consumer group PREFIX.service at a time; fixed once the journal exists.
-    shards: int = Field(1, ge=1, le=256)
+    shards: StrictInt = Field(1, ge=1, le=256)
     """How many shards the queues are split into (1-256), each owned by one instance at a
     time. Fixed once the journal exists."""
     instance: str = Field(default_factory=socket.gethostname, pattern=INSTANCE_NAME)
@@ -59,7 +59,7 @@ class ServiceConfig(_Strict):
     """How long PREFIX.journal keeps its records (its `retention.ms`); `"forever"` keeps
     them all. At least twice `snapshot_interval`: a restore needs the journal after the
     newest snapshot."""
-    standby_replicas: int = Field(0, ge=0, le=1)
+    standby_replicas: StrictInt = Field(0, ge=0, le=1)
     """1: the next instance keeps each shard's state warm, so that a takeover replays only
     the journal's last second."""
 

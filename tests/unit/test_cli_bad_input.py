@@ -104,3 +104,15 @@ def test_a_bad_instance_name_on_the_command_line_is_refused_as_in_the_config(tmp
     cfg.write_text(f'[service]\ndata_dir = "{tmp_path}/d"\n\n[[queue]]\nname = "Q"\n')
     out = _run("serve", "--config", str(cfg), "--instance", "bad name/x")
     assert out.exit_code == 2 and "bad --instance 'bad name/x'" in out.output, out.output
+
+
+@pytest.mark.parametrize(("line", "key"), [
+    ('max_deliveries = "5"', "max_deliveries"), ("max_deliveries = 5.0", "max_deliveries"),
+    ('nondestructive = "yes"', "nondestructive"), ('max_bytes = "1000"', "max_bytes")])
+def test_a_number_or_switch_given_as_text_is_refused_naming_the_key(tmp_path, line, key):
+    """They were converted quietly ("5" -> 5, "yes" -> true), where `hold_on_publish = "yes"`
+    was refused: every key is now taken as TOML typed it."""
+    path = tmp_path / "kq.toml"
+    path.write_text(f'[[queue]]\nname = "Q"\n{line}\n')
+    with pytest.raises(ConfigError, match=f"queue 'Q', key '{key}'"):
+        load_config(path)
