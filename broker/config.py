@@ -140,7 +140,9 @@ class QueueConfig(_Strict):
     """With `format = "avro"`: the path of the .avsc schema of the payloads."""
     shard: StrictInt | None = Field(None, ge=0)
     """The shard that owns the queue (0 to shards - 1). Default: a stable hash of its
-    name."""
+    name. Do not change it once the queue has state: kq does not move a queue's state
+    between shards, and the other shard would start the queue anew from its recovery point
+    (messages already acked delivered again)."""
 
     @field_validator("priority", "barrier_expression", "lvq_key", "sort_key", "group_key")
     @classmethod
