@@ -154,6 +154,13 @@ class QueueConfig(_Strict):
                 raise ValueError(str(exc)) from None
         return value
 
+    @field_validator("lease_period")
+    @classmethod
+    def _some_time(cls, value: Duration) -> Duration:
+        if value.ms <= 0:  # (every lease would lapse as it is made, every ack refused)
+            raise ValueError(f"{value}: must be more than 0")
+        return value
+
     @field_validator("underlying_topic")
     @classmethod
     def _regex_compiles(cls, value: str | None) -> str | None:

@@ -82,6 +82,13 @@ class ServiceConfig(_Strict):
     def _bootstrap(cls, servers: str | None) -> str | None:
         return None if servers is None else check_bootstrap(servers)
 
+    @field_validator("heartbeat_timeout")
+    @classmethod
+    def _some_time(cls, value: Duration) -> Duration:
+        if value.ms <= 0:  # (every client would be dropped as it subscribes)
+            raise ValueError(f"{value}: must be more than 0")
+        return value
+
     @field_validator("kafka")
     @classmethod
     def _group_protocol(cls, kafka: dict[str, str | int | bool]) -> dict[str, str | int | bool]:

@@ -124,7 +124,8 @@ def consume(
     config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None, json: JsonOpt = False,
 ) -> None:
     """Subscribe to a queue and print what arrives, acknowledging each message (or, with
-    --browse, only looking)."""
+    --browse, only looking). Exits 1 if the service refused any of its acks (a lease that
+    lapsed first)."""
     if replay_period is not None and not browse:
         fail("--replay-period applies to --browse only", EXIT_USAGE)
     cfg = load(config)
@@ -153,9 +154,12 @@ def consume(
             seen += 1
             if count and seen >= count:
                 break
-        sub.close()
+        sub.close()  # (its answer comes after the refusals of the acks sent before it)
+        refused = list(c.errors)
     if not json:
         console.print(f"{seen} message(s)")
+    if refused:  # shown, but not acked: the exit code must say so
+        fail(f"{len(refused)} ack(s) refused, e.g. {refused[0]}")
 
 
 ACK_WHERE_S = 120.0  # how long `kq ack --where` waits for the service's answer

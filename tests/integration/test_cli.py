@@ -306,3 +306,19 @@ def test_a_kafka_setting_librdkafka_or_kq_refuses_is_a_config_error(tmp_path, se
         out = kq(*command, "--config", str(cfg))
         assert out.returncode == 2, out.stderr
         assert "[service.kafka]" in out.stderr and key in out.stderr
+
+
+def test_consume_exits_1_when_the_service_refused_its_acks(bootstrap, tmp_path):
+    """Every lease of this queue lapses at once, so each ack comes too late and is refused:
+    kq consume printed the messages and "N message(s)" and exited 0, none acked."""
+    u = uid()
+    name = f"CLILATE_{u}"
+    ensure_topic(bootstrap, name)
+    cfg = config(f"kq{u}", str(tmp_path / "state"), [{"name": name, "lease_period": "1ms"}])
+    path = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap,
+                        extra='lease_period = "1ms"\n')
+    with running_service(bootstrap, cfg):
+        publish(bootstrap, name, [b'{"n": 1}'])
+        got = kq("consume", name, "--config", str(path), "--count", "1", "--timeout", "10")
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert "1 message(s)" in got.stdout and "ack(s) refused" in got.stderr

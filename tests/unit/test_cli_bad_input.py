@@ -116,3 +116,16 @@ def test_a_number_or_switch_given_as_text_is_refused_naming_the_key(tmp_path, li
     path.write_text(f'[[queue]]\nname = "Q"\n{line}\n')
     with pytest.raises(ConfigError, match=f"queue 'Q', key '{key}'"):
         load_config(path)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    ('[service]\nheartbeat_timeout = "0ms"\n\n[[queue]]\nname = "Q"\n',
+     "service.heartbeat_timeout"),
+    ('[[queue]]\nname = "Q"\nlease_period = "0s"\n', "lease_period")])
+def test_a_heartbeat_timeout_or_lease_period_of_no_time_is_refused(tmp_path, text, key):
+    """Accepted, they made the queue unusable: every client dropped as it subscribed
+    ("no heartbeat for 0 ms"), every lease lapsed as it was made, every ack refused."""
+    path = tmp_path / "kq.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"key '{key}': 0(ms|s)?: must be more than 0"):
+        load_config(path)
