@@ -133,14 +133,13 @@ def test_grep_shows_a_bookmarks_record_and_life_and_searches_topics(bootstrap, t
         # embedded one gives 2 here, for offsets 0-2)
         (tail,) = lines(kq("journal", "grep", last, "--config", str(cfg), "--json"))
         assert tail["record"] is not None and tail["record"]["key"] == "k1"
-        # a record Kafka cannot have is named at once, not fetched for seconds first
+        # a record Kafka cannot have is named (without a fetch's whole timeout first: timed
+        # in tests/unit/test_journal_grep_lookup.py, not here on a loaded machine)
         for wrong, said in [(f"NOPE{prefix}/0/0", f"there is no topic NOPE{prefix}"),
                             (f"{name}/7/0", f"{name} has 1 partition(s)"),
                             (f"{name}/0/99", f"past the end of {name}/0: its next offset is")]:
-            started = time.monotonic()
             out = kq("journal", "grep", wrong, "--config", str(cfg))
             assert out.returncode == 1 and said in " ".join(out.stdout.split()), out.stdout
-            assert time.monotonic() - started < 9  # not the 10 s fetch
         # a --topics regex that matches nothing is a mistake, as replay says (it was "0
         # records matched in 0 topics", exit 0)
         typo = kq("journal", "grep", "--topics", f"^NOPE{prefix}$", "--config", str(cfg))
