@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +23,9 @@ from cli.common import (
     print_json,
 )
 from cli.tables import Col, render
+
+if TYPE_CHECKING:
+    from broker.service.status import InstanceStatus
 
 CLI_CLIENT = "kq-cli"  # all CLI invocations share one reply topic, told apart by request id
 
@@ -188,13 +192,8 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
             found = read_statuses(consumer, Topics(cfg.service.topic_prefix).instances, bootstrap)
         finally:
             consumer.close()
-    now = int(time.time() * 1000)
-    timeout = max(cfg.service.session_timeout.ms, 6000)
-    rows: list[dict[str, Any]] = [
-        {"instance": s.instance, "live": s.live(now, timeout), "owned": s.owned,
-         "standby": s.standby, "lag": s.lag, "last_seen_ms": now - s.at_ms,
-         "host": s.host or None, "pid": s.pid or None}
-        for s in sorted(found.values(), key=lambda s: s.instance)]
+    rows = instance_rows(found.values(), int(time.time() * 1000),
+                         max(cfg.service.session_timeout.ms, 6000))
     if json:
         print_json(rows)
         return
@@ -202,6 +201,21 @@ def instances(config: ConfigOpt = None, bootstrap_servers: BootstrapOpt = None,
         (r["instance"], "yes" if r["live"] else "no", _shards(r["owned"]),
          _shards(r["standby"]), str(sum(v["records"] for v in r["lag"].values())),
          age(r["last_seen_ms"]), f"{r['host'] or '?'}:{r['pid'] or '?'}") for r in rows])
+
+
+def instance_rows(found: Iterable[InstanceStatus], now: int, timeout: int
+                  ) -> list[dict[str, Any]]:
+    """One row per instance. One no longer live (killed, stopped, or silent past the
+    timeout) owns and keeps warm nothing: the shards its last report named are
+    `last_owned`, since taken over by the live ones."""
+    rows = []
+    for s in sorted(found, key=lambda s: s.instance):
+        live = s.live(now, timeout)
+        rows.append({"instance": s.instance, "live": live, "owned": s.owned if live else [],
+                     "standby": s.standby if live else [], "last_owned": [] if live else s.owned,
+                     "lag": s.lag if live else {}, "last_seen_ms": now - s.at_ms,
+                     "host": s.host or None, "pid": s.pid or None})
+    return rows
 
 
 def _shards(shards: list[int]) -> str:

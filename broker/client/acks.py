@@ -51,6 +51,10 @@ class AckBatches:
         finally:
             self._lock.release()
 
+    def pending(self) -> bool:
+        """Whether any ack is kept (read without the lock: a heartbeat's hint only)."""
+        return bool(self._kept)
+
     def take(self) -> list[tuple[str, list[str], list[int]]]:
         """Every ack kept, as (queue, bookmarks, delivery counts), at most ACK_BATCH each."""
         self._lock.acquire()

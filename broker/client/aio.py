@@ -17,7 +17,13 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
-from broker.client.arguments import bookmark_list, duration_ms, subscribe_command
+from broker.client.arguments import (
+    bookmark_list,
+    duration_ms,
+    seconds,
+    subscribe_command,
+    waits,
+)
 from broker.client.core import (
     OWN_TOPIC_NEEDED,
     ClientCore,
@@ -39,8 +45,8 @@ class AsyncMessage(Message):
 
     async def ack(self, wait: bool = False) -> None:  # type: ignore[override]
         if self.settles:
-            self.answered = True
             await self._client._ack(self, wait)
+            self.answered = True  # (not when the ack raised: a closed client, a lost lease)
 
     async def cancel(self, delay: str | float | None = None) -> None:  # type: ignore[override]
         if self.settles:  # (a barrier or a browsed copy needs no answer)
@@ -49,8 +55,8 @@ class AsyncMessage(Message):
 
     async def expire(self) -> None:  # type: ignore[override]
         if self.settles:  # (a barrier or a browsed copy needs no answer)
-            self.answered = True
             await self._client._expire(self)
+            self.answered = True
 
     async def extend(self, period: str | float) -> float:  # type: ignore[override]
         deadline: float = await self._client._extend(self, period)
@@ -90,8 +96,9 @@ class AsyncQueueClient:
 
     def __init__(self, bootstrap_servers: str, name: str | None = None, topic_prefix: str = "kq",
                  kafka_config: dict[str, Any] | None = None, principal: str | None = None,
-                 request_timeout: float = 10.0, heartbeat_interval: float = 1.0,
+                 request_timeout: str | float = 10.0, heartbeat_interval: str | float = 1.0,
                  on_refused: Callable[[str], None] | None = None) -> None:
+        request_timeout, heartbeat_interval = waits(request_timeout, heartbeat_interval)
         self.name = client_name(name)
         self.principal = principal_of(self.name, principal, kafka_config)
         self.core = ClientCore(self.name, self.principal, AsyncMessage, self, on_refused)
@@ -273,8 +280,8 @@ class AsyncQueueClient:
     async def _beat(self) -> None:
         while not self._closed.is_set():
             await asyncio.sleep(self._heartbeat_s)
-            if not self.core.subs:
-                continue
+            if not self.core.subs and not self.core.acks.pending():
+                continue  # (acks kept with no subscription open go too: refused, reported)
             try:
                 out = self.core.take_acks()
                 for shard in self.core.shards_used():
@@ -308,9 +315,11 @@ class AsyncSubscription(SubscriptionState):
         super().__init__(queue, sub_id, mode, asked or {})
         self.client = client
 
-    async def messages(self, timeout: float | None = 5.0) -> AsyncIterator[AsyncMessage]:
+    async def messages(self, timeout: str | float | None = 5.0
+                       ) -> AsyncIterator[AsyncMessage]:
         """As `Subscription.messages`: `async for msg in sub.messages(...)`."""
         client, core, buffer = self.client, self.client.core, self.buffer
+        timeout = seconds(timeout, "timeout")
         quiet_since = time.monotonic()
         while not self.closed and not client._closed.is_set():
             if buffer:

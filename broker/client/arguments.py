@@ -61,3 +61,16 @@ def duration_ms(value: str | float, what: str, positive: bool = False) -> int:
         least = "more than 0" if positive else "0 or more"
         raise CommandError(f"bad {what}: {value!r} (it must be {least})")
     return ms
+
+
+def seconds(value: str | float | None, what: str, positive: bool = False) -> float | None:
+    """A wait given as seconds (5.0) or text ("5s"), in seconds; None stays None (no
+    limit). CommandError if bad, as `duration_ms`."""
+    return None if value is None else duration_ms(value, what, positive) / 1000
+
+
+def waits(request_timeout: str | float, heartbeat_interval: str | float) -> tuple[float, float]:
+    """A client's two waits, in seconds, each more than none (a heartbeat interval of 0
+    would send heartbeats without pause)."""
+    return (duration_ms(request_timeout, "request_timeout", positive=True) / 1000,
+            duration_ms(heartbeat_interval, "heartbeat_interval", positive=True) / 1000)

@@ -84,7 +84,6 @@ class Message:
         `wait`, sent now and confirmed, raising `LeaseLost` if the lease is gone. A refused
         batched ack is reported in `client.errors` and to `on_refused`."""
         if self.settles:
-            self.answered = True
             core = self._core
             if core is not None and not wait:
                 # kept by the core directly (compiled, a native call), the client called only
@@ -93,6 +92,7 @@ class Message:
                     self._client._send_acks()
             else:
                 self._client._ack(self, wait)
+            self.answered = True  # (not when the ack raised: a closed client, a lost lease)
 
     def cancel(self, delay: str | float | None = None) -> None:
         """Give the message back to the queue; with `delay` ("30s", or seconds) it is
@@ -104,8 +104,8 @@ class Message:
     def expire(self) -> None:
         """Remove the message from the queue (dead-lettered with reason expire-requested)."""
         if self.settles:  # (a barrier or a browsed copy needs no answer)
-            self.answered = True
             self._client._expire(self)
+            self.answered = True
 
     def extend(self, period: str | float) -> float:
         """Renew the lease: its deadline becomes now + `period` ("30s", or seconds), also

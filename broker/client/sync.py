@@ -22,7 +22,13 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from broker.client.arguments import bookmark_list, duration_ms, subscribe_command
+from broker.client.arguments import (
+    bookmark_list,
+    duration_ms,
+    seconds,
+    subscribe_command,
+    waits,
+)
 from broker.client.core import (
     OWN_TOPIC_NEEDED,
     ClientCore,
@@ -49,8 +55,9 @@ class QueueClient:
 
     def __init__(self, bootstrap_servers: str, name: str | None = None, topic_prefix: str = "kq",
                  kafka_config: dict[str, Any] | None = None, principal: str | None = None,
-                 request_timeout: float = 10.0, heartbeat_interval: float = 1.0,
+                 request_timeout: str | float = 10.0, heartbeat_interval: str | float = 1.0,
                  on_refused: Callable[[str], None] | None = None) -> None:
+        request_timeout, heartbeat_interval = waits(request_timeout, heartbeat_interval)
         self.name = client_name(name)
         self.principal = principal_of(self.name, principal, kafka_config)
         self.core = ClientCore(self.name, self.principal, Message, self, on_refused)
@@ -253,7 +260,8 @@ class QueueClient:
 
     def _beat(self) -> None:
         while not self._closed.wait(self._heartbeat_s):
-            if self.core.subs:
+            # (acks kept with no subscription open go too: refused, they are reported)
+            if self.core.subs or self.core.acks.pending():
                 try:
                     with self._beating:
                         if self._closed.is_set():
@@ -310,11 +318,12 @@ class Subscription(SubscriptionState):
         super().__init__(queue, sub_id, mode, asked or {})
         self.client = client
 
-    def messages(self, timeout: float | None = 5.0) -> Iterator[Message]:
+    def messages(self, timeout: str | float | None = 5.0) -> Iterator[Message]:
         """Yield messages as they arrive; stop after `timeout` seconds with nothing new
         (None: wait until the subscription or the client is closed). Raise CommandError when
         the service dropped this subscription and refused it again."""
         client, core, buffer = self.client, self.client.core, self.buffer
+        timeout = seconds(timeout, "timeout")
         quiet_since = time.monotonic()
         while not self.closed and not client._closed.is_set():
             if buffer:

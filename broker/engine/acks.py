@@ -33,7 +33,8 @@ class Acks(EnginePart):
                           f"{msg.delivery_count}, {msg.state.value})")
         if delivery and msg.state is MessageState.AVAILABLE:
             return None, (f"{verb} {bm}: lease lost: delivery {delivery} of it is over (its "
-                          f"lease lapsed; it is available again)")
+                          f"lease lapsed, or went back when its subscription or client "
+                          f"closed; it is available again)")
         holder = self.subs.get(msg.holder) if msg.holder else None
         if holder is not None and holder.client == client:
             return msg, None

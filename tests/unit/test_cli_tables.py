@@ -67,3 +67,16 @@ def test_short_columns_are_never_squeezed_away_at_80_columns():
     render(console, DUMP_COLUMNS, [row])
     text = console.export_text()
     assert "kind" in text and "enqueued" in text and "ORDERS_ANALYTICS_long" in text
+
+
+def test_an_instance_no_longer_live_owns_nothing_and_names_what_it_last_owned():
+    """A killed instance's row said it owned its shards, beside the live one that took
+    them over."""
+    from broker.service.status import InstanceStatus
+    from cli.inspect import instance_rows
+    dead = InstanceStatus("a", owned=[0, 2], standby=[1], lag={"1": {"records": 5}}, at_ms=1_000)
+    live = InstanceStatus("b", owned=[0, 1, 2], standby=[], at_ms=19_000)
+    rows = {r["instance"]: r for r in instance_rows([live, dead], now=20_000, timeout=6_000)}
+    assert (rows["a"]["live"], rows["a"]["owned"], rows["a"]["standby"]) == (False, [], [])
+    assert rows["a"]["last_owned"] == [0, 2] and rows["a"]["lag"] == {}
+    assert (rows["b"]["live"], rows["b"]["owned"], rows["b"]["last_owned"]) == (True, [0, 1, 2], [])

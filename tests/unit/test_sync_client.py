@@ -126,3 +126,55 @@ def test_subscribe_arguments_kq_cannot_carry_are_refused_at_the_call(args, why):
     from broker.client.arguments import subscribe_command
     with pytest.raises(CommandError, match=why):
         subscribe_command(*args, mode="queue", replay_period=None)
+
+
+def test_an_answer_that_raises_leaves_the_message_unanswered():
+    """A closed client's ack or expire raised and the message was taken for answered all
+    the same: a worker then sent nothing else for it."""
+    from broker.errors import KqError
+    client, msg = client_holding_one_message()
+    client.core.closed = True
+    for answer in (msg.ack, msg.expire):
+        with pytest.raises(KqError):
+            answer()
+        assert not msg.answered
+
+
+def test_waits_are_seconds_or_text_and_never_nothing():
+    """`messages(timeout="5s")` raised TypeError; a heartbeat interval of 0 sent heartbeats
+    without pause."""
+    from broker.client import CommandError
+    from broker.client.arguments import seconds, waits
+    assert seconds("5s", "timeout") == 5.0 and seconds(0.25, "timeout") == 0.25
+    assert seconds(None, "timeout") is None
+    assert waits("10s", 0.5) == (10.0, 0.5)
+    for bad in [(0, 1.0), (10.0, 0), (10.0, "-1s"), ("soon", 1.0), (float("nan"), 1.0)]:
+        with pytest.raises(CommandError, match="request_timeout|heartbeat_interval"):
+            waits(*bad)
+    with pytest.raises(CommandError, match="heartbeat_interval"):
+        QueueClient("127.0.0.1:1", heartbeat_interval=0)  # (said before Kafka is asked)
+
+
+def test_messages_take_their_timeout_as_text():
+    client, msg = client_holding_one_message()
+    client._closed = threading.Event()
+    client._pump = lambda timeout: None
+    sub = next(iter(client.core.subs.values()))
+    sub.client = client
+    from broker.client.sync import Subscription
+    assert [m.bookmark for m in Subscription.messages(sub, timeout="10ms")] == ["T/0/0"]
+
+
+def test_acks_kept_with_no_subscription_open_go_with_the_next_heartbeat():
+    """They waited for the close (whose refusals are never read): a late ack after the
+    subscription closed was never reported."""
+    client, msg = client_holding_one_message()
+    client.core.subs.clear()
+    client.core.acks.subscribed("Q", 100)  # (a batch not yet due)
+    msg.ack()
+    assert client._io.records == []
+    client._closed, client._beating, client._heartbeat_s = threading.Event(), threading.Lock(), 0.01
+    client._io.read_if_idle = lambda core: client._closed.set()  # one beat, then stop
+    client._again = None
+    client._beat()
+    assert len(client._io.records) == 1
