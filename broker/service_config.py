@@ -20,7 +20,7 @@ class ServiceConfig(_Strict):
     bootstrap_servers: str | None = None
     """Kafka's address (host:port,...). Default: none, and `kq serve` starts the embedded
     broker (`--bootstrap-servers` or env KQ_BOOTSTRAP_SERVERS override it)."""
-    data_dir: str = "./kq-data"
+    data_dir: str = Field("./kq-data", min_length=1)
     """Where the RocksDB state of this instance's shards lives (`kq serve --data-dir` or env
     KQ_DATA_DIR override it)."""
     topic_prefix: str = Field("kq", pattern=r"^[A-Za-z0-9._-]+$")

@@ -89,6 +89,14 @@ def test_a_config_with_bad_bootstrap_servers_is_refused(tmp_path):
         load_config(path)
 
 
+def test_an_empty_data_dir_is_refused_naming_it(tmp_path):
+    """It was taken as the current directory: shard-0, shard-1... made wherever kq ran."""
+    path = tmp_path / "kq.toml"
+    path.write_text('[service]\ndata_dir = ""\n\n[[queue]]\nname = "Q"\n')
+    with pytest.raises(ConfigError, match="data_dir"):
+        load_config(path)
+
+
 def test_a_session_timeout_of_no_time_is_refused_naming_it(tmp_path):
     """"0s" was blamed on [service.kafka] by librdkafka. (A session the broker refuses is
     named with what the broker accepts: tests/kafka/test_apache_kafka.py.)"""
