@@ -195,7 +195,7 @@ class AsyncQueueClient:
                 self.core.remove(sub)
             if self._reader is not None:
                 await asyncio.to_thread(self._reader.join)
-            io.consumer.close()
+            io.close_consumer()
 
     # -- what an AsyncMessage calls --------------------------------------------------------
     async def _ack(self, msg: Message, wait: bool) -> None:
@@ -262,6 +262,9 @@ class AsyncQueueClient:
             await asyncio.to_thread(io.producer.flush, self.request_timeout)
             deadline = time.monotonic() + self.request_timeout
             while (answer := self.core.answer(rid)) is None:
+                if self._closed.is_set():  # by another task: no answer will be read
+                    raise KqError(f"client {self.name} was closed while waiting for the "
+                                  f"answer to {kind}")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise KqError(f"no answer from the kq service to {kind} within "

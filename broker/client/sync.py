@@ -163,7 +163,7 @@ class QueueClient:
         finally:
             for sub in list(self.core.subs.values()):
                 self.core.remove(sub)
-            self._io.consumer.close()
+            self._io.close_consumer()
 
     def __enter__(self) -> QueueClient:
         return self
@@ -217,6 +217,7 @@ class QueueClient:
             self._send(records)
             self._io.producer.flush(self.request_timeout)
             while (answer := self.core.answer(rid)) is None:
+                self._check_not_closed(kind)
                 if time.monotonic() > deadline:
                     raise KqError(f"no answer from the kq service to {kind} within "
                                   f"{self.request_timeout}s (is `kq serve` running with topic "
@@ -244,6 +245,7 @@ class QueueClient:
             deadline = time.monotonic() + self.request_timeout
             self._io.producer.flush(self.request_timeout)
             while len(answers) < len(asked) and time.monotonic() < deadline:
+                self._check_not_closed(kind)
                 self._pump(0.05)
                 for rid in asked:
                     if rid not in answers and (got := self.core.answer(rid)) is not None:
@@ -257,6 +259,13 @@ class QueueClient:
         if errors:
             raise CommandError(errors[0])
         return {asked[rid]: body for rid, (_, body) in answers.items()}
+
+    def _check_not_closed(self, kind: str) -> None:
+        """Another thread closed the client while this one waited for an answer: no answer
+        will be read."""
+        if self._closed.is_set():
+            raise KqError(f"client {self.name} was closed while waiting for the answer to "
+                          f"{kind}")
 
     def _beat(self) -> None:
         while not self._closed.wait(self._heartbeat_s):

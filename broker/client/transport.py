@@ -43,6 +43,7 @@ class Transport:
         start = clients.end_offset(self.consumer, self.deliver_topic, 0)
         self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
         self.read_lock = threading.Lock()
+        self.consumer_closed = False  # (under read_lock: no read is under way at the close)
         self._service_seen = False
 
     def shard_count(self) -> int:
@@ -65,6 +66,8 @@ class Transport:
     def read(self, core: ClientCore, timeout: float) -> int:
         """Give the core what the service sent within `timeout`; how many records came."""
         with self.read_lock:
+            if self.consumer_closed:  # (the client was closed by another thread)
+                return 0
             records = clients.take(self.consumer, 500, timeout)
         for rec in records:
             if not rec.error():
@@ -76,12 +79,19 @@ class Transport:
         and notices arrive while the application is busy in a long job."""
         if self.read_lock.acquire(blocking=False):
             try:
-                records = clients.take(self.consumer, 500, 0)
+                records = [] if self.consumer_closed else clients.take(self.consumer, 500, 0)
             finally:
                 self.read_lock.release()
             for rec in records:
                 if not rec.error():
                     core.receive(rec.value())
+
+    def close_consumer(self) -> None:
+        """Close the delivery topic's reader once no thread is reading (closing it under a
+        read made that read raise librdkafka's "Consumer closed")."""
+        with self.read_lock:
+            self.consumer_closed = True
+            self.consumer.close()
 
     def use_own_command_topic(self) -> bool:
         """A service with [auth] keeps a command topic per principal (which Kafka ACLs can

@@ -178,3 +178,48 @@ def test_acks_kept_with_no_subscription_open_go_with_the_next_heartbeat():
     client._again = None
     client._beat()
     assert len(client._io.records) == 1
+
+
+def test_a_call_waiting_for_an_answer_ends_when_another_thread_closes_the_client():
+    """It waited out its request_timeout, or (sync) read from the consumer the close had
+    closed under it: librdkafka's RuntimeError "Consumer closed"."""
+    import time
+
+    from broker.errors import KqError
+    client, msg = client_holding_one_message()
+    client.name, client._prefix, client.request_timeout = "w", "kq", 30.0
+    client._closed = threading.Event()
+    client._io.producer = type("P", (), {"flush": lambda self, t: 0})()
+    client._pump = lambda timeout: time.sleep(0.01)
+    failed: list[Exception] = []
+
+    def wait_for_an_answer():
+        try:
+            client.ack("Q", ["T/0/0"])
+        except KqError as exc:
+            failed.append(exc)
+
+    waiting = threading.Thread(target=wait_for_an_answer)
+    started = time.monotonic()
+    waiting.start()
+    client._closed.set()  # what close() does first
+    waiting.join(5)
+    assert time.monotonic() - started < 5 and "was closed while waiting" in str(failed[0])
+
+
+def test_the_consumer_is_closed_only_between_reads(monkeypatch):
+    from broker.client import transport
+    from broker.client.transport import Transport
+    io = Transport.__new__(Transport)
+    io.read_lock, io.consumer_closed = threading.Lock(), False
+    closed = threading.Event()
+    io.consumer = type("C", (), {"close": lambda self: closed.set()})()
+
+    def take(consumer, n, timeout):
+        assert not closed.is_set(), "read from a closed consumer"
+        return []
+
+    monkeypatch.setattr(transport.clients, "take", take)
+    io.close_consumer()
+    assert closed.is_set() and io.read(ClientCore("w", "w"), 0.1) == 0
+    io.read_if_idle(ClientCore("w", "w"))
