@@ -178,6 +178,10 @@ class QueueConfig(_Strict):
                 f"fairness = {self.fairness!r} is not allowed with at-most-once "
                 "(only 'round-robin')"
             )
+        if self.default_publish_target and not self.underlying_topic:
+            raise ValueError("default_publish_target applies only with underlying_topic (the "
+                             "queue reads the topic of its name itself, so nothing is "
+                             "forwarded)")
         if self.target_queue_depth is not None and self.priority is not None:
             raise ValueError("target_queue_depth is not allowed together with priority")
         if (self.min_ttl is not None and self.max_ttl is not None

@@ -40,6 +40,8 @@ def test_at_most_once_defaults_to_round_robin():
     (q(bogus=1), ["queue 'ORDERS'", "'bogus'", "unknown key"]),
     (q(lease_period="5x"), ["queue 'ORDERS'", "'lease_period'", "bad duration"]),
     (q(underlying_topic="(("), ["'underlying_topic'", "bad regex"]),
+    (q(default_publish_target="ELSEWHERE"),  # (a no-op: the queue reads ORDERS itself)
+     ["queue 'ORDERS'", "default_publish_target applies only with underlying_topic"]),
     (q(semantics="at-most-once", fairness="proportional"),
      ["queue 'ORDERS'", "fairness", "at-most-once"]),
     (q(target_queue_depth=5, priority="/p"), ["target_queue_depth", "priority"]),
