@@ -142,7 +142,7 @@ class QueueConfig(_Strict):
     """The shard that owns the queue (0 to shards - 1). Default: a stable hash of its
     name. Do not change it once the queue has state: kq does not move a queue's state
     between shards, and the other shard would start the queue anew from its recovery point
-    (messages already acked delivered again)."""
+    (messages already acked delivered again; the old shard warns at its start)."""
 
     @field_validator("priority", "barrier_expression", "lvq_key", "sort_key", "group_key")
     @classmethod

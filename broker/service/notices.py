@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 
+from broker.config import Config
 from broker.engine.engine import Engine
 from broker.service.metrics import Metrics
+from broker.state.layout import SEP
+from broker.state.store import Store
 from broker.values import Bookmark
 
 log = logging.getLogger("kq.service")
@@ -29,3 +32,28 @@ def say_too_large(engine: Engine, queue: str, bm: Bookmark | None) -> None:
                 "the broker's message.max.bytes less kq's envelope); %s. Raise the "
                 "broker's and the topics' max.message.bytes to deliver such records",
                 queue, bm, engine.max_message_bytes, where)
+
+
+def say_strays(store: Store, config: Config, shard: int) -> list[str]:
+    """Queues this shard holds state of but no longer serves (their `shard` key changed, or
+    they left the configuration), named at start: the state stays, unserved, and a queue
+    now on another shard starts there from its recovery point. Not refused: that shard
+    may be serving it already. The names, for tests."""
+    served = {q.name for q in config.queues_of_shard(shard)}
+    strays = []
+    for key, _ in store.scan(b"q" + SEP):
+        name = key[2:].decode()
+        if name in served:
+            continue
+        strays.append(name)
+        if name not in config.queues:
+            log.info("queue %s has state in shard %d but is not in the configuration: "
+                     "the state is kept, unserved, until the queue is configured again",
+                     name, shard)
+        else:
+            log.warning("queue %s has state in shard %d, but its `shard` key now places it "
+                        "in shard %d, which serves it from its recovery point: messages "
+                        "acked here may be delivered again there, and those queued here "
+                        "are not served. Set `shard = %d` on it to serve this state again",
+                        name, shard, config.shard_of(name), shard)
+    return strays

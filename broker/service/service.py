@@ -44,7 +44,7 @@ from broker.service.fence import Fence
 from broker.service.inputs import SERVICE, Inputs
 from broker.service.memory import IdleRelease, calm_collector, thaw_collector
 from broker.service.metrics import Metrics
-from broker.service.notices import say_lost, say_too_large
+from broker.service.notices import say_lost, say_strays, say_too_large
 from broker.service.queries import SNAPSHOT, answer, snapshot
 from broker.service.recovery import recover
 from broker.service.routing import Router
@@ -156,6 +156,7 @@ class Service:
                                  required=(self.topics.journal,), command_partition=self.shard,
                                  reread_gaps=io.may_skip_records)
             self.inputs.on_lost = functools.partial(say_lost, self.metrics)
+            say_strays(store, self.config, self.shard)
             self._configure_queues()
             self._send_again(rec.unsent)
             self.inputs.start()
