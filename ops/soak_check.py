@@ -12,6 +12,7 @@ from confluent_kafka import TopicPartition
 
 from broker import wire
 from broker.kafka import clients
+from broker.service.commit import JOURNALS_IN_FLIGHT
 from broker.service.journal import BatchAssembler, transitions_of
 
 
@@ -76,9 +77,10 @@ def committed_transitions(bootstrap: str, journal: str, shards: int, report: Rep
     they were written (the broker deleted its head meanwhile).
 
     A part an earlier owner wrote after a later owner's takeover marker is inert (every reader
-    ignores it). Without exactly_once one such batch per takeover is the documented gap (the
-    owner frozen between its fence's look and its write; its fence stops it right after); a
-    second batch, or any with exactly_once, is a fencing failure."""
+    ignores it). Without exactly_once up to JOURNALS_IN_FLIGHT such batches per takeover are
+    the documented gap (the owner frozen between its fence's look and its writes, with the
+    journals on their way then; its fence stops it at the first one's acknowledgement); one
+    more, or any with exactly_once, is a fencing failure."""
     rows: list[dict[str, Any]] = []
     for shard in range(shards):
         batches = BatchAssembler()
@@ -88,7 +90,7 @@ def committed_transitions(bootstrap: str, journal: str, shards: int, report: Rep
             if not part["marker"] and not batches.counts(part):
                 seen = late[(batches.reign, part["writer"])]
                 seen.add(part["batch"])
-                if exactly_once or len(seen) > 1:
+                if exactly_once or len(seen) > JOURNALS_IN_FLIGHT:
                     report.problems.append(
                         f"shard {shard}: journal offset {rec.offset()} written by "
                         f"{part['writer']} after {batches.reign} took over"

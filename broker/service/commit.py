@@ -2,12 +2,13 @@
 
 Each batch the service processed is made durable in four numbered steps, each started once
 the step before was acknowledged. Batches are pipelined: while Kafka acknowledges a batch's
-journal the service goes on with the next batch; the deliveries go out as soon as the
-journal is in, and the state is written once they are acknowledged. Before it produces a
-batch's journal, the committer waits until that of the batch before is in and every earlier
-batch wrote its state: so at most the last two journaled batches may have deliveries that
-did not go out. A crash (kill -9) may fall into any gap; recovery (`broker.service.recovery`)
-makes every gap safe:
+journal the service goes on with the next batch, whose journal goes out behind it (Kafka
+keeps one partition's records in order; they are counted in order too); the deliveries go
+out as soon as the journal is in, and the state is written once they are acknowledged.
+Before it produces a batch's journal, the committer waits until the journal of the batch
+before the last is in and every batch before those two wrote its state: so at most the last
+three journaled batches (UNSENT_BATCHES) may have deliveries that did not go out. A crash
+(kill -9) may fall into any gap; recovery (`broker.service.recovery`) makes every gap safe:
 
   1. COPIES     produce forwarded records and dead-letter copies; flush; all must be acked.
                 Crash after: the batch is not committed, its inputs are read again and the
@@ -21,12 +22,12 @@ makes every gap safe:
                 duplicated, as that mode promises.
   3. DELIVERIES produce deliveries and replies to PREFIX.deliver.<client>, once the journal is
                 acknowledged.
-                Crash after: as after 2, but subscribers got their messages. The journal of
-                the next batch may be in too: it is replayed the same way.
+                Crash after: as after 2, but subscribers got their messages. The journals
+                of the next two batches may be in too: they are replayed the same way.
   4. STATE      write the state the batch left, encoded when it was processed, with its input
                 positions and journal offset, to RocksDB in one WriteBatch. RocksDB therefore
                 never holds a batch whose deliveries may not have gone out: the journal tail
-                recovery replays (at most the last two batches) is exactly what may be unsent.
+                recovery replays (at most the last three batches) is exactly what may be unsent.
                 Until then, the payloads the batch stores are read from memory.
 
 With `[service] exactly_once = true` the producer is transactional: steps 1 and 2 of a batch
@@ -83,6 +84,12 @@ __all__ = ["Committer", "OutRecord", "Outbox", "latest_cursors"]
 log = logging.getLogger("kq.commit")
 
 STEPS: Final = ("copies", "journal", "deliveries", "state")
+# Journals on their way at once, the one being produced included: a batch's journal does not
+# wait for the batch before's (Kafka keeps them in order), only for the one before that.
+JOURNALS_IN_FLIGHT: Final = 2
+# The journaled batches whose deliveries a crash may have cut: those whose journal may be on
+# its way, and the one before, whose deliveries may be.
+UNSENT_BATCHES: Final = JOURNALS_IN_FLIGHT + 1
 TRANSITIONS_PER_PART: Final = 2000
 
 
@@ -168,13 +175,15 @@ class Committer:
         return None
 
     def commit(self, cp: Checkpoint, outbox: Outbox) -> None:
-        """Steps 1 and 2 of this batch once the batch before is journaled (its deliveries
-        then go out) and every earlier one wrote its state; the rest comes with `advance`."""
+        """Steps 1 and 2 of this batch once the batch before the last is journaled (its
+        deliveries then go out) and every earlier one wrote its state; the rest comes with
+        `advance`."""
         if not (cp.transitions or cp.positions or outbox):
             return
-        self._sender.wait(self._journaled_all, "journal", self._settle)
-        self._sender.wait(lambda: len(self._flight) <= 1, "deliveries",
-                          lambda: self._settle(keep=1))
+        room = JOURNALS_IN_FLIGHT - 1  # for the batches before this one
+        self._sender.wait(lambda: self._unjournaled() <= room, "journal", self._settle)
+        self._sender.wait(lambda: len(self._flight) <= JOURNALS_IN_FLIGHT, "deliveries",
+                          lambda: self._settle(keep=JOURNALS_IN_FLIGHT))
         if self._fence is not None:
             self._fence.before_commit(self.last_offset)  # a frozen owner finds out here
         with self._atomically():
@@ -228,11 +237,18 @@ class Committer:
     def _journaled_all(self) -> bool:
         return not self._flight or self._flight[-1].journaled
 
+    def _unjournaled(self) -> int:
+        return sum(not b.journaled for b in self._flight)
+
     def _settle(self, keep: int = 0) -> None:
-        """Move every batch on as far as its acknowledgements allow; write the state of the
-        oldest delivered ones, in order, leaving at least `keep` batches."""
-        if self._flight and not self._flight[-1].journaled and self._flight[-1].journal.done:
-            self._journaled(self._flight[-1])
+        """Move every batch on as far as its acknowledgements allow, in order (a journal
+        counts once those before it did); write the state of the oldest delivered ones, in
+        order, leaving at least `keep` batches."""
+        for b in self._flight:
+            if not b.journaled:
+                if not b.journal.done:
+                    break
+                self._journaled(b)
         while len(self._flight) > keep and self._flight[0].delivered:
             self._write_state(self._flight.popleft())
 

@@ -26,8 +26,9 @@ between the old owner's last record and anything it writes later.
   lands a moment after the look).
 
 That leaves the few milliseconds between a look and the write that follows, and a process
-frozen there wakes inside them: the batch it writes lies after the new owner's marker, inert,
-and the check after the write stops it. With `exactly_once` the broker closes the gap: each
+frozen there wakes inside them: the batches it writes (the journals on their way at once,
+two at most: broker.service.commit) lie after the new owner's marker, inert, and the check
+after the first of them stops it. With `exactly_once` the broker closes the gap: each
 shard's producer has the transactional id PREFIX.shard.K, and a new owner's producer start
 makes the broker refuse every later write of the old one (`Sender.raise_if_fenced` in
 broker.service.sending; the embedded broker does this too).

@@ -21,6 +21,7 @@ from broker.errors import StateError
 from broker.kafka.clients import take
 from broker.kafka.fetch import fetch_records
 from broker.kafka.records import headers_of
+from broker.service.commit import UNSENT_BATCHES
 from broker.service.journal import BatchAssembler, Part, transitions_in
 from broker.service.memory import collector_paused
 from broker.service.snapshots import restore
@@ -39,7 +40,6 @@ from broker.state.store import Store
 
 log = logging.getLogger("kq.recovery")
 
-UNSENT_BATCHES = 2  # the journal batches whose deliveries a crash may have cut
 JOURNAL_STALL_TIMEOUT_S = 30.0  # give up when the journal yields nothing for this long
 # transitions replayed between two writes of the state they changed (tests make it small)
 REPLAY_CHUNK = int(os.environ.get("KQ_TEST_REPLAY_CHUNK") or 50_000)
@@ -50,7 +50,7 @@ class Recovered:
     positions: dict[ReaderKey, int]
     next_batch: int
     replayed_batches: int
-    # Leases of the last two journaled batches: their deliveries may not have gone out
+    # Leases of the last UNSENT_BATCHES journaled batches: their deliveries may not have gone out
     # before the crash (commit steps 2-3 are pipelined), so the service sends them again
     # (the client drops a copy it already has).
     unsent: list[Transition] = field(default_factory=list)
@@ -136,7 +136,7 @@ def recover(store: Store, engine: Engine, consumer: Consumer, journal_topic: str
 
 class JournalTail:
     """Whole journal batches of one shard applied in order, the latest UNSENT_BATCHES held
-    back: each is replayed once two more are in, since their deliveries may not have been
+    back: each is replayed once that many more are in, since their deliveries may not have been
     sent (broker.service.commit). Recovery feeds it up to its marker; a standby replica
     feeds it as the journal grows (broker.service.standby)."""
 

@@ -31,9 +31,10 @@ class _Sent:
 
 class Broker:
     """A producer whose records are acknowledged when the test says so (`ack`), or at once
-    with `auto` (a flush always acknowledges everything, as Kafka would)."""
+    with `auto` (True, or the one topic so acknowledged; a flush always acknowledges
+    everything, as Kafka would)."""
 
-    def __init__(self, auto: bool = False) -> None:
+    def __init__(self, auto: bool | str = False) -> None:
         self.auto = auto
         self.produced: list[tuple[str, bytes | None]] = []  # in produce order
         self._pending: list[tuple[str, Any]] = []
@@ -55,7 +56,7 @@ class Broker:
 
     def poll(self, _timeout: float = 0) -> int:
         if self.auto:
-            self.ack()
+            self.ack(None if self.auto is True else self.auto)
         served, self._acked = self._acked, []
         for topic, callback in served:
             offset = self._offsets.get(topic, 0)
@@ -106,36 +107,52 @@ def test_deliveries_wait_for_the_journal_and_the_state_for_the_deliveries(parts)
     assert not committer.holding
 
 
-def test_the_next_batch_is_processed_while_a_journal_is_on_its_way(parts):
-    """commit() returns with the journal unacknowledged; the next commit waits for it (and
-    sends that batch's deliveries) before producing its own journal."""
+def test_the_next_batch_is_processed_while_journals_are_on_their_way(parts):
+    """commit() returns with the journal unacknowledged; the next batch's journal goes out
+    behind it at once (Kafka keeps one partition's records in order), and a third waits for
+    the first (whose deliveries then go out) before producing its own."""
     broker, store, committer = parts
     committer.commit(*_batch(1))
     assert committer.holding  # the caller goes on with the next batch meanwhile
-    broker.auto = True  # from now on Kafka answers each poll
     committer.commit(*_batch(2))
-    assert broker.topics() == [JOURNAL, "kq.deliver.w1", JOURNAL]
+    assert broker.topics() == [JOURNAL, JOURNAL]  # nothing waited for
+    broker.auto = True  # from now on Kafka answers each poll
+    committer.commit(*_batch(3))
+    assert broker.topics() == [JOURNAL, JOURNAL, "kq.deliver.w1", "kq.deliver.w1", JOURNAL]
     committer.flush_held()
-    assert broker.topics() == [JOURNAL, "kq.deliver.w1", JOURNAL, "kq.deliver.w1"]
-    assert _position(store) == 2
+    assert broker.topics().count("kq.deliver.w1") == 3 and _position(store) == 3
     assert not committer.holding
 
 
-def test_at_most_the_last_two_journaled_batches_lack_their_state(parts):
-    """Recovery sends the leases of the last two journaled batches again: a third journal
+def test_a_batchs_deliveries_wait_for_the_journals_before_its_own(parts):
+    """Journals counted in order: a later one acknowledged first (not Kafka's way within a
+    partition, but nothing may count on it) sends nothing until the one before is in."""
+    broker, _, committer = parts
+    committer.commit(*_batch(1))
+    committer.commit(*_batch(2))
+    committer._flight[1].journal.left = 0  # batch 2's journal answered, batch 1's not
+    committer.advance()
+    assert broker.topics() == [JOURNAL, JOURNAL]
+    broker.ack(JOURNAL)
+    committer.advance()
+    assert broker.topics() == [JOURNAL, JOURNAL, "kq.deliver.w1", "kq.deliver.w1"]
+
+
+def test_at_most_the_last_three_journaled_batches_lack_their_state(parts):
+    """Recovery sends the leases of the last three journaled batches again: a fourth journal
     waits until the first batch's deliveries are acknowledged and its state written."""
     broker, store, committer = parts
-    committer.commit(*_batch(1))
-    broker.ack(JOURNAL)
-    committer.commit(*_batch(2))  # batch 1's deliveries out, not acknowledged
-    broker.ack(JOURNAL)
-    committer.advance()  # batch 2's journal in: its deliveries go out too
-    assert broker.topics().count(JOURNAL) == 2
+    broker.auto = JOURNAL  # journals answered at each poll, deliveries not
+    for n in (1, 2, 3):
+        committer.commit(*_batch(n))
+    committer.advance()
+    assert broker.topics().count(JOURNAL) == 3
+    assert broker.topics().count("kq.deliver.w1") == 3  # out, none acknowledged
     assert _position(store) is None
     broker.auto = True
-    committer.commit(*_batch(3))
-    assert _position(store) == 1  # batch 1 written before journal 3 went out; 2 not yet
-    assert broker.topics().count(JOURNAL) == 3
+    committer.commit(*_batch(4))
+    assert _position(store) == 1  # batch 1 written before journal 4 went out; 2, 3 not yet
+    assert broker.topics().count(JOURNAL) == 4
 
 
 def test_a_payload_is_read_from_memory_until_its_state_is_written(parts):

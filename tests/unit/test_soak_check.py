@@ -43,18 +43,20 @@ def _run(journal: list[_Record], exactly_once: bool = False) -> Report:
     return report
 
 
-def test_one_batch_a_woken_owner_wrote_after_its_successors_marker_is_counted_not_failed():
+def test_the_batches_a_woken_owner_had_on_their_way_after_its_successors_marker_are_counted():
+    """(Two: a batch's journal goes out while the one before it is on its way.)"""
     report = _run(_journal(("marker", "old"), ("old", 1), ("marker", "new"), ("old", 2),
-                           ("new", 1)))
+                           ("old", 3), ("new", 1)))
     assert report.problems == []
-    assert report.inert_batches == 1
-
-
-def test_a_second_batch_after_the_successors_marker_is_a_fencing_failure():
-    report = _run(_journal(("marker", "old"), ("marker", "new"), ("old", 2), ("old", 3)))
     assert report.inert_batches == 2
-    assert report.problems == ["shard 0: journal offset 3 written by old after new took over "
-                               "(2 batches after it)"]
+
+
+def test_a_third_batch_after_the_successors_marker_is_a_fencing_failure():
+    report = _run(_journal(("marker", "old"), ("marker", "new"), ("old", 2), ("old", 3),
+                           ("old", 4)))
+    assert report.inert_batches == 3
+    assert report.problems == ["shard 0: journal offset 4 written by old after new took over "
+                               "(3 batches after it)"]
 
 
 def test_with_exactly_once_any_batch_after_the_successors_marker_is_a_failure():
