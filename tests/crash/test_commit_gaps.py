@@ -164,11 +164,12 @@ def test_crash_while_acking_never_redelivers_an_acked_message(bootstrap, setup, 
     assert len(bms) == 3
 
 
-def test_a_crash_after_deliveries_rode_with_the_next_journal_replays_both_batches(
+def test_a_crash_after_deliveries_rode_with_the_next_journals_replays_the_three_batches(
         bootstrap, setup):
-    """The pipelined gap: batch k's deliveries went out, batch k+1's journal followed, and
-    neither batch's state reached RocksDB. Recovery replays both; the lease is sent again and the
-    client drops the copy; nothing is lost or enqueued twice."""
+    """The pipelined gap: batch k's deliveries went out, the journals of batches k+1 and k+2
+    followed (the second without waiting for the first), and none of the three batches'
+    state reached RocksDB. Recovery replays them; the lease is sent again and the client
+    drops the copy; nothing is lost or enqueued twice."""
     name, cfg, prefix, serve = setup('lease_period = "1h"\n')
     serve.start(KQ_CRASH_AFTER_STEP="3", KQ_CRASH_ON_KIND="leased", KQ_TEST_NO_IDLE_FLUSH="1")
     with QueueClient(bootstrap, topic_prefix=prefix, heartbeat_interval=0.2) as c:
@@ -180,7 +181,7 @@ def test_a_crash_after_deliveries_rode_with_the_next_journal_replays_both_batche
         serve.start()
         try:
             log = serve.log_path.read_text()
-            assert "replayed 2 journal batches" in log, log
+            assert "replayed 3 journal batches" in log, log
             got += drain(sub, 1, timeout=1)  # the lease sent again: a copy, dropped
             assert [(m.bookmark, m.delivery_count) for m in got] == [(bms[0], 1)]
             got[0].ack()
