@@ -44,6 +44,9 @@ class Acks(EnginePart):
             return msg, None
         if msg.state is MessageState.AVAILABLE:
             return None, f"{verb} {bm}: not leased to {client} (it is available)"
+        if q.config.leasing == "permissive":  # (a subscriber of the queue would have been let)
+            return None, (f"{verb} {bm}: leased to another subscriber, and {client} does not "
+                          f"subscribe to {q.name} (leasing is permissive: its subscribers may)")
         return None, f"{verb} {bm}: leased to another subscriber (leasing is strict)"
 
     def _ack(self, e: ev.Acked, now: int) -> None:

@@ -2,7 +2,7 @@
 
 A copy that is empty (or older than the journal's first record) starts from the shard's
 newest snapshot. It tails the shard's journal partition and applies each whole batch the
-way recovery does (`JournalTail`: fenced parts dropped, the last two batches held back as
+way recovery does (`JournalTail`: fenced parts dropped, the last three batches held back as
 possibly unsent), writing the state about once a second. When the group then gives this
 instance the shard, its `Service` restores from that copy and replays only the last seconds
 of the journal.

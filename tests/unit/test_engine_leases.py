@@ -259,6 +259,16 @@ def test_permissive_leasing_accepts_acks_from_any_subscriber_of_the_queue():
     assert a not in h.engine.queue("Q").messages
 
 
+def test_permissive_leasing_refuses_a_client_that_does_not_subscribe_naming_the_rule():
+    """(The refusal said "leasing is strict" on a permissive queue.)"""
+    h = Harness(queue(leasing="permissive"))
+    (a,) = h.publish(1)
+    h.subscribe("w1")
+    (why,) = rejected(h.ack("w2", a))
+    assert "w2 does not subscribe to Q (leasing is permissive: its subscribers may)" in why
+    assert a in h.engine.queue("Q").messages
+
+
 def test_ack_of_unknown_or_already_acked_bookmark_is_refused():
     h = Harness()
     (a,) = h.publish(1)
