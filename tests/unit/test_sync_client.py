@@ -156,13 +156,17 @@ def test_waits_are_seconds_or_text_and_never_nothing():
 
 
 def test_messages_take_their_timeout_as_text():
-    client, msg = client_holding_one_message()
+    from broker.client.message import batch_of
+    from broker.client.sync import Subscription
+    client, _ = client_holding_one_message()
     client._closed = threading.Event()
     client._pump = lambda timeout: None
-    sub = next(iter(client.core.subs.values()))
-    sub.client = client
-    from broker.client.sync import Subscription
-    assert [m.bookmark for m in Subscription.messages(sub, timeout="10ms")] == ["T/0/0"]
+    sub = Subscription(client, "Q", "s2")  # (a sync one: the compiled core's state takes no
+    client.core.add(sub)                   # attribute added later)
+    client.core.subscribed(sub, {"backlog": 1})
+    client.core._deliver("s2", "Q", "json", batch_of([("T/0/1", 1, None, False, 0, None,
+                                                         b"{}", [], 0)]))
+    assert [m.bookmark for m in sub.messages(timeout="10ms")] == ["T/0/1"]
 
 
 def test_acks_kept_with_no_subscription_open_go_with_the_next_heartbeat():
