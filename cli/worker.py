@@ -27,6 +27,10 @@ from cli.common import (
 )
 
 
+class StoppedBeforeSubscribing(Exception):
+    """SIGTERM or Ctrl-C while the worker waited for its subscription."""
+
+
 def worker(
     handler: Annotated[str, typer.Argument(
         help="The handler, MODULE:FUNCTION (e.g. jobs:resize): a plain or async function "
@@ -66,10 +70,17 @@ def worker(
                 os._exit(EXIT_FAILURE)
             logging.getLogger("kq.worker").info("%s: stopping", signal.Signals(signum).name)
             work.stop()
+            if not work.subscribed:
+                # still waiting for the service's answer (there may be none): nothing is
+                # taken yet, so stop now, not at the request timeout (`run` closes the client)
+                raise StoppedBeforeSubscribing
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        work.run()
+        try:
+            work.run()
+        except StoppedBeforeSubscribing:
+            logging.getLogger("kq.worker").info("stopped before the subscription was made")
     logging.getLogger("kq.worker").info("stopped: %d handled, %d failed", work.handled,
                                         work.failed)
     if work.unfinished:

@@ -32,7 +32,7 @@ from broker.client.core import (
     refusal_error,
 )
 from broker.client.message import Message
-from broker.client.transport import Transport, client_name, principal_of
+from broker.client.transport import Transport, client_name, closed_while_waiting, principal_of
 from broker.errors import CommandError, KqError
 
 log = logging.getLogger("kq.client")
@@ -154,8 +154,9 @@ class AsyncQueueClient:
         self.core.add(sub)
         try:
             await self._subscribe(sub)
-        except KqError:
-            self.core.subs.pop(sub.sub_id, None)
+        except KqError as exc:
+            await self._send(self.core.abandon(sub, unanswered=self._transport().service_seen
+                                               and not isinstance(exc, CommandError)))
             raise
         return sub
 
@@ -258,18 +259,17 @@ class AsyncQueueClient:
         io = self._transport()
         rid, records = self.core.request(kind, **fields)
         try:
+            if not io.service_seen:
+                await asyncio.to_thread(io.check_service)
             await self._send(records)
             await asyncio.to_thread(io.producer.flush, self.request_timeout)
             deadline = time.monotonic() + self.request_timeout
             while (answer := self.core.answer(rid)) is None:
                 if self._closed.is_set():  # by another task: no answer will be read
-                    raise KqError(f"client {self.name} was closed while waiting for the "
-                                  f"answer to {kind}")
+                    raise closed_while_waiting(self.name, kind)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise KqError(f"no answer from the kq service to {kind} within "
-                                  f"{self.request_timeout}s (is `kq serve` running with topic "
-                                  f"prefix {io.prefix!r}?)")
+                    raise io.no_answer(kind, self.request_timeout)
                 await self._wakeups.wait(min(left, READ_WAIT_S))
         finally:
             self.core.forget(rid)

@@ -37,7 +37,7 @@ from broker.client.core import (
     refusal_error,
 )
 from broker.client.message import Message
-from broker.client.transport import Transport, client_name, principal_of
+from broker.client.transport import Transport, client_name, closed_while_waiting, principal_of
 from broker.errors import CommandError, KqError
 from broker.shards import join_answers
 
@@ -62,7 +62,6 @@ class QueueClient:
         self.principal = principal_of(self.name, principal, kafka_config)
         self.core = ClientCore(self.name, self.principal, Message, self, on_refused)
         self.request_timeout = request_timeout
-        self._prefix = topic_prefix
         self._io = Transport(bootstrap_servers, self.name, topic_prefix, self.principal,
                              kafka_config)
         self.core.shards = self._io.shard_count()
@@ -94,8 +93,9 @@ class QueueClient:
         self.core.add(sub)
         try:
             self._subscribe(sub)
-        except KqError:
-            self.core.subs.pop(sub.sub_id, None)
+        except KqError as exc:
+            self._send(self.core.abandon(sub, unanswered=self._io.service_seen and not
+                                         isinstance(exc, CommandError)))
             raise
         return sub
 
@@ -128,9 +128,6 @@ class QueueClient:
         (a snapshot's parts come as `shards`, one per shard). Shards that do not answer in
         time (no owner just now) are listed in `unanswered_shards`; when none answers, or a
         snapshot misses one, it raises."""
-        if not self._io.service_has_run():  # nothing would answer: say so now
-            raise KqError(f"no kq service has run with topic prefix {self._prefix!r} here (no "
-                          f"topic {self._prefix}.commands): is the prefix (--config) right?")
         shards = self.core.shards
         if args.get("queue") or shards == 1:
             return self._request("query", query=json.dumps(args))
@@ -213,15 +210,14 @@ class QueueClient:
     def _request(self, kind: str, **fields: Any) -> dict[str, Any]:
         rid, records = self.core.request(kind, **fields)
         try:
+            self._io.check_service()
             deadline = time.monotonic() + self.request_timeout  # the flush within it too
             self._send(records)
             self._io.producer.flush(self.request_timeout)
             while (answer := self.core.answer(rid)) is None:
                 self._check_not_closed(kind)
                 if time.monotonic() > deadline:
-                    raise KqError(f"no answer from the kq service to {kind} within "
-                                  f"{self.request_timeout}s (is `kq serve` running with topic "
-                                  f"prefix {self._prefix!r}?)")
+                    raise self._io.no_answer(kind, self.request_timeout)
                 self._pump(0.05)
         finally:
             self.core.forget(rid)
@@ -235,6 +231,8 @@ class QueueClient:
     def _ask_shards(self, kind: str, shards: Iterable[int], **fields: Any) -> dict[int, Any]:
         """One request to each shard, sent together and awaited together: the answers of
         those that answered within the request timeout."""
+        self.core.check_open()
+        self._io.check_service()
         asked = {}
         for k in shards:
             rid, records = self.core.request(kind, shard=k, **fields)
@@ -264,8 +262,7 @@ class QueueClient:
         """Another thread closed the client while this one waited for an answer: no answer
         will be read."""
         if self._closed.is_set():
-            raise KqError(f"client {self.name} was closed while waiting for the answer to "
-                          f"{kind}")
+            raise closed_while_waiting(self.name, kind)
 
     def _beat(self) -> None:
         while not self._closed.wait(self._heartbeat_s):

@@ -12,6 +12,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from broker.client.core import ClientCore, Outgoing
+from broker.errors import KqError
 from broker.kafka import clients
 
 
@@ -44,7 +45,7 @@ class Transport:
         self.consumer.assign([TopicPartition(self.deliver_topic, 0, start)])
         self.read_lock = threading.Lock()
         self.consumer_closed = False  # (under read_lock: no read is under way at the close)
-        self._service_seen = False
+        self.service_seen = False  # (its command topic exists: asked until it does)
 
     def shard_count(self) -> int:
         """The command topic's partitions (the service makes it with one per shard); 1 while
@@ -54,9 +55,20 @@ class Transport:
     def service_has_run(self) -> bool:
         """Whether a service with this prefix has ever run here (it made its command topic):
         asked of Kafka until it has (a client polling with queries costs it nothing more)."""
-        if not self._service_seen:
-            self._service_seen = f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
-        return self._service_seen
+        if not self.service_seen:
+            self.service_seen = f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
+        return self.service_seen
+
+    def check_service(self) -> None:
+        """Refuse a request at once when no service has ever run with this prefix: nothing
+        would answer it (it waited out the request timeout, and a close its flush)."""
+        if not self.service_has_run():
+            raise KqError(f"no kq service has run with topic prefix {self.prefix!r} here (no "
+                          f"topic {self.prefix}.commands): is the prefix (--config) right?")
+
+    def no_answer(self, kind: str, timeout: float) -> KqError:
+        return KqError(f"no answer from the kq service to {kind} within {timeout}s (is "
+                       f"`kq serve` running with topic prefix {self.prefix!r}?)")
 
     def send(self, records: list[Outgoing]) -> None:
         for out in records:
@@ -102,6 +114,11 @@ class Transport:
             return False
         self.commands_topic = own
         return True
+
+
+def closed_while_waiting(name: str, kind: str) -> KqError:
+    """Another thread or task closed the client while a call waited: no answer will be read."""
+    return KqError(f"client {name} was closed while waiting for the answer to {kind}")
 
 
 def client_name(name: str | None) -> str:

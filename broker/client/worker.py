@@ -75,6 +75,7 @@ class Worker:
         self.max_backlog = concurrency if max_backlog is None else max_backlog
         self.is_async = inspect.iscoroutinefunction(handler)
         self.handled = self.failed = 0
+        self.subscribed = False  # (until the service answers the subscribe)
         self.unfinished = 0  # handlers still running when the grace ran out
         self._stop = threading.Event()
         self._slots = threading.BoundedSemaphore(concurrency)
@@ -86,13 +87,16 @@ class Worker:
         self._stop.set()
 
     def run(self) -> None:
-        """Handle messages until stopped; then close the subscription and the client."""
-        sub = self.client.subscribe(self.queue, filter=self.filter, max_backlog=self.max_backlog)
-        log.info("worker %s: handling %s with %s, %d at once", self.client.name, self.queue,
-                 getattr(self.handler, "__qualname__", self.handler), self.concurrency)
+        """Handle messages until stopped; then close the subscription and the client (also
+        when the subscribe fails or is interrupted)."""
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="kq-handler")
         running: set[Future[None]] = set()
         try:
+            sub = self.client.subscribe(self.queue, filter=self.filter,
+                                        max_backlog=self.max_backlog)
+            self.subscribed = True
+            log.info("worker %s: handling %s with %s, %d at once", self.client.name, self.queue,
+                     getattr(self.handler, "__qualname__", self.handler), self.concurrency)
             while not self._stop.is_set():
                 if not self._slots.acquire(timeout=POLL_S):
                     continue

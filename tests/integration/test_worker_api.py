@@ -11,7 +11,9 @@ import time
 
 import pytest
 
+from broker import wire
 from broker.client import AsyncQueueClient, LeaseLost, QueueClient
+from broker.errors import KqError
 from tests.integration.kit import (
     KQ,
     ROOT,
@@ -19,6 +21,7 @@ from tests.integration.kit import (
     drain,
     ensure_topic,
     publish,
+    read_topic,
     uid,
     wait_for,
     write_config,
@@ -183,6 +186,54 @@ def test_kq_worker_handles_messages_and_stops_on_sigterm_returning_leases(
             again.ack(wait=True)
     finally:
         serve.stop()
+
+
+def test_a_client_of_a_prefix_no_service_used_is_refused_at_once(bootstrap):
+    prefix = f"none{uid()}"
+    for subscribe in (lambda: sync_subscribe(bootstrap, prefix),
+                      lambda: asyncio.run(async_subscribe(bootstrap, prefix))):
+        started = time.monotonic()
+        with pytest.raises(KqError, match=f"no kq service has run with topic prefix '{prefix}'"):
+            subscribe()
+        # not the 10 s request timeout, nor a close's 5 s flush to a topic that is not there
+        assert time.monotonic() - started < 5
+
+
+def sync_subscribe(bootstrap: str, prefix: str) -> None:
+    with QueueClient(bootstrap, topic_prefix=prefix) as c:
+        c.subscribe("Q")
+
+
+async def async_subscribe(bootstrap: str, prefix: str) -> None:
+    async with AsyncQueueClient(bootstrap, topic_prefix=prefix) as c:
+        await c.subscribe("Q")
+
+
+def test_kq_worker_stopped_while_its_subscribe_waits_for_a_service_exits_at_once(
+        bootstrap, tmp_path):
+    u = uid()
+    (tmp_path / f"jobs_{u}.py").write_text("def handle(msg):\n    pass\n")
+    cfg = write_config(tmp_path / "kq.toml", f"kqs{u}", ["Q"], tmp_path / "state", bootstrap)
+    ensure_topic(bootstrap, f"kqs{u}.commands")  # a service ran once; none runs now
+    worker = subprocess.Popen([*KQ, "worker", f"jobs_{u}:handle", "--queue", "Q", "--config",
+                               str(cfg)], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        read_topic(bootstrap, f"kqs{u}.commands", 1, timeout=30)  # its subscribe went out
+        stopped_at = time.monotonic()
+        worker.send_signal(signal.SIGINT)
+        code = worker.wait(30)
+        log = worker.stdout.read() if worker.stdout else ""
+        assert code == 0, log
+        assert time.monotonic() - stopped_at < 5, log  # not the 10 s request timeout
+        assert "stopped before the subscription was made" in log
+        # it closed: its close command followed the subscribe
+        sent = [wire.decode("command", r.value())["type"]
+                for r in read_topic(bootstrap, f"kqs{u}.commands", 2)]
+        assert sent == ["subscribe", "close"]
+    finally:
+        worker.kill()
 
 
 def test_kq_worker_names_a_handler_it_cannot_load(tmp_path):

@@ -45,8 +45,16 @@ def test_subscribing_again_still_raises_what_a_close_does_not_explain():
 class Sent:
     """A transport that keeps what the client sends."""
 
+    service_seen = True  # a service runs with the client's prefix
+
     def __init__(self) -> None:
         self.records: list = []
+
+    def check_service(self) -> None:
+        pass
+
+    def shard_count(self) -> int:
+        return 1
 
     def send(self, records) -> None:
         self.records += records
@@ -112,6 +120,29 @@ def test_after_the_close_every_answer_and_command_raises_saying_the_client_is_cl
         with pytest.raises(KqError, match="client w is closed"):
             answer()
     assert client._io.records == []
+
+
+def test_a_subscribe_left_unanswered_is_undone_and_a_refused_one_is_not():
+    """A subscribe the service answered after the request timeout (a busy service, a shard
+    changing owner) made a subscription the client had forgotten: leases went to it, and its
+    deliveries were dropped, until the leases lapsed."""
+    from broker import wire
+    from broker.client import CommandError
+    from broker.errors import KqError
+    client, _ = client_holding_one_message()
+    client._closed = threading.Event()
+    for error, sent in ((KqError("no answer from the kq service"), ["unsubscribe"]),
+                        (CommandError("unknown queue 'Q2'"), [])):
+        def no_subscription(kind, error=error, **fields):
+            raise error
+        client._request = no_subscription
+        client._io.records.clear()
+        with pytest.raises(KqError):
+            client.subscribe("Q2")
+        commands = [wire.decode("command", out.value) for out in client._io.records]
+        assert [c["type"] for c in commands] == sent
+        assert all(c["sub_id"] not in client.core.subs for c in commands)
+        assert list(client.core.subs) == ["s1"]
 
 
 @pytest.mark.parametrize(("args", "why"), [
@@ -191,7 +222,7 @@ def test_a_call_waiting_for_an_answer_ends_when_another_thread_closes_the_client
 
     from broker.errors import KqError
     client, msg = client_holding_one_message()
-    client.name, client._prefix, client.request_timeout = "w", "kq", 30.0
+    client.name, client.request_timeout = "w", 30.0
     client._closed = threading.Event()
     client._io.producer = type("P", (), {"flush": lambda self, t: 0})()
     client._pump = lambda timeout: time.sleep(0.01)
