@@ -174,23 +174,24 @@ class QueueConfig(_Strict):
     @model_validator(mode="after")
     def _cross_key_rules(self) -> QueueConfig:
         if self.semantics == "at-most-once" and self.fairness not in (None, "round-robin"):
-            raise ValueError(
-                f"fairness = {self.fairness!r} is not allowed with at-most-once "
-                "(only 'round-robin')"
-            )
+            raise ValueError(f"fairness = {self.fairness!r} is not allowed with at-most-once "
+                             "(only 'round-robin')")
+        delay = self.redelivery_delay.ms if self.redelivery_delay else 0
+        redelivered = [k for k, v in (("max_deliveries", self.max_deliveries), ("max_cancels",
+                       self.max_cancels), ("redelivery_delay", delay)) if v]
+        if self.semantics == "at-most-once" and redelivered:  # (each is about redeliveries)
+            raise ValueError(f"{' and '.join(redelivered)} mean nothing with at-most-once: its "
+                             "messages leave the queue when sent and are never delivered again")
         if self.default_publish_target and not self.underlying_topic:
             raise ValueError("default_publish_target applies only with underlying_topic (the "
                              "queue reads the topic of its name itself, so nothing is "
                              "forwarded)")
-        if self.target_queue_depth is not None and self.priority is not None:
-            raise ValueError("target_queue_depth is not allowed together with priority")
         if (self.min_ttl is not None and self.max_ttl is not None
                 and self.min_ttl.ms > self.max_ttl.ms):
             raise ValueError(f"min_ttl ({self.min_ttl}) is above max_ttl ({self.max_ttl})")
-        if self.target_queue_depth is not None and self.priority_levels is not None:
-            raise ValueError("target_queue_depth is not allowed together with priority_levels")
-        if self.target_queue_depth is not None and self.barrier_expression is not None:
-            raise ValueError("target_queue_depth is not allowed together with barrier_expression")
+        for other in ("priority", "priority_levels", "barrier_expression"):
+            if self.target_queue_depth is not None and getattr(self, other) is not None:
+                raise ValueError(f"target_queue_depth is not allowed together with {other}")
         if self.redelivery_backoff == "exponential" and not self.redelivery_delay:
             raise ValueError("redelivery_backoff = 'exponential' needs redelivery_delay "
                              "(the first delay, which then doubles)")

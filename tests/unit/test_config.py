@@ -34,6 +34,9 @@ def test_default_publish_target_is_name_direct_when_underlying_topic_is_set():
 
 def test_at_most_once_defaults_to_round_robin():
     assert parse_config(q(semantics="at-most-once")).queue[0].effective_fairness == "round-robin"
+    # the defaults written out, and a lease period (a test's way to show nothing comes back)
+    parse_config(q(semantics="at-most-once", max_deliveries=0, redelivery_delay="0s",
+                   lease_period="1s"))
 
 
 @pytest.mark.parametrize(("raw", "words"), [
@@ -83,6 +86,10 @@ def test_at_most_once_defaults_to_round_robin():
     (q(redelivery_delay="10s", redelivery_backoff="exponential", max_redelivery_delay="1s"),
      ["max_redelivery_delay (1s) is below redelivery_delay (10s)"]),
     (q(redelivery_delay="later"), ["'redelivery_delay'", "bad duration"]),
+    # accepted and ignored: an at-most-once message is never delivered twice
+    (q(semantics="at-most-once", max_deliveries=3, redelivery_delay="5s"),
+     ["queue 'ORDERS'", "max_deliveries and redelivery_delay mean nothing with at-most-once"]),
+    (q(semantics="at-most-once", max_cancels=1), ["max_cancels mean nothing"]),
     (q(hold_on_publish="yes"), ["'hold_on_publish'"]),
     (q(recovery_point="yesterday"), ["'recovery_point'", "ISO-8601"]),
     (q(semantics="sometimes"), ["'semantics'"]),
