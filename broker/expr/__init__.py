@@ -15,7 +15,12 @@ from broker.expr.grammar import GRAMMAR
 
 __all__ = ["Doc", "Expression", "compile_expression"]
 
-_PARSER = Lark(GRAMMAR, parser="lalr", maybe_placeholders=True)
+
+@lru_cache(maxsize=1)
+def _parser() -> Lark:
+    """Built at the first expression (a tenth of a second): a `kq` command with none to
+    parse does not pay for it."""
+    return Lark(GRAMMAR, parser="lalr", maybe_placeholders=True)
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Expression:
 def compile_expression(text: str) -> Expression:
     """Parse and compile; raise ExpressionError showing where the text goes wrong."""
     try:
-        tree = _PARSER.parse(text)
+        tree = _parser().parse(text)
         fn = Compiler().transform(tree)
     except UnexpectedInput as exc:
         at_end = isinstance(exc, UnexpectedEOF) or (

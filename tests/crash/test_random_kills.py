@@ -14,14 +14,14 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(600)
-def test_50k_messages_12_random_kills_every_message_accounted_for(bootstrap, tmp_path, capsys):
-    report = soak.run(bootstrap, messages=50_000, kills=12, tmp=tmp_path, seed=20261122)
+def test_30k_messages_12_random_kills_every_message_accounted_for(bootstrap, tmp_path, capsys):
+    report = soak.run(bootstrap, messages=30_000, kills=12, tmp=tmp_path, seed=20261122)
     with capsys.disabled():
         print("\n" + "\n".join(f"  soak: {line}" for line in report.lines()))
     assert report.problems == []
     assert report.kills == 12
-    assert report.published == 50_000
-    assert report.acked + sum(report.removed.values()) == 50_000
+    assert report.published == 30_000
+    assert report.acked + sum(report.removed.values()) == 30_000
     # every removal was copied to the dead-letter topic (duplicates allowed, never fewer)
     assert report.dead_letter_records >= sum(report.removed.values())
     assert report.redeliveries > 0  # the cancelling and lapsing subscribers did their part
