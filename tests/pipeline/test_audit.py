@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from broker.client import QueueClient
+from tests.conftest import broker_kinds
 from tests.integration.kit import (
     ServeProcess,
     drain,
@@ -20,6 +21,16 @@ from tests.integration.kit import (
 # Each test runs `kq journal audit`, which starts Spark in its own process (30-60 s here
 # when the machine is busy): more than the suite's default timeout.
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", params=[k for k in broker_kinds() if k != "embedded"]
+                or broker_kinds())
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """Apache Kafka only, when the suite runs it: the audit's Spark processes are among the
+    suite's slowest (its 30-minute budget), and what they read of the embedded broker, the
+    journal through the data source and a service's snapshot, test_report.py and the
+    journal command tests read on both."""
+    return str(request.param)
 
 
 def audit(cfg):
