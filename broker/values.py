@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -11,6 +12,13 @@ CLIENT_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 # The request id of a reply to no request: news the service sends a client on its own (a
 # subscription it dropped); clients that do not know notices ignore it as a reply nobody awaits.
 NOTICE: Final = ""
+
+
+
+def now_ms() -> int:
+    """The wall clock in milliseconds, as the engine and the journal count time."""
+    return int(time.time() * 1000)
+
 
 _DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_MS: Final = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -175,8 +175,8 @@ def ack(
     (leased ones too where `leasing = "permissive"`)."""
     cfg = load(config)
     # The service reads the whole queue, each message's payload included (about 40 µs per
-    # message compiled: 400,000 queued take some 16 s), so the answer is given longer than
-    # a lookup's 10 s.
+    # message compiled, a part at a time: 400,000 queued take some 16 s), so the answer is
+    # given longer than a lookup's 10 s.
     with errors_to_exit_codes(), QueueClient(
             bootstrap_of(bootstrap_servers, cfg), name="kq-cli", request_timeout=ACK_WHERE_S,
             topic_prefix=cfg.service.topic_prefix, kafka_config=dict(cfg.service.kafka)) as c:

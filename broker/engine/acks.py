@@ -4,6 +4,9 @@ expire. A part of the engine (its base class); `leasing` decides whose leases on
 
 from __future__ import annotations
 
+from itertools import islice, takewhile
+from typing import Final
+
 from mypy_extensions import trait
 
 from broker.engine import events as ev
@@ -13,8 +16,27 @@ from broker.engine.queue import Message, QueueState
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind, Reason, Transition
 from broker.errors import ExpressionError
-from broker.expr import compile_expression
+from broker.expr import Expression, compile_expression
 from broker.values import Bookmark
+
+# Messages an ack by filter looks at per engine event: about 40 ms of the shard's loop
+# compiled (each one's payload is read and decoded), so a deep queue's scan lets the queues
+# around it go on between its parts.
+SWEEP_PART: Final = 1000
+
+
+class Sweep:
+    """An ack by filter under way: it covers the messages queued when it was asked for
+    (seq up to `upto`), and has looked at those up to `cursor`."""
+
+    __slots__ = ("queue", "client", "request_id", "expr", "upto", "cursor", "acked")
+
+    def __init__(self, queue: str, client: str, request_id: str, expr: Expression,
+                 upto: int) -> None:
+        self.queue, self.client, self.request_id = queue, client, request_id
+        self.expr, self.upto = expr, upto
+        self.cursor = -1
+        self.acked = 0
 
 
 @trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
@@ -71,7 +93,9 @@ class Acks(EnginePart):
             self._out.append(Reply(e.client, e.request_id, {"acked": len(e.bookmarks)}))
 
     def _ack_where(self, e: ev.AckWhere, now: int) -> None:
-        """Ack every active message the expression matches that `client` may ack."""
+        """Ack every active message the expression matches that `client` may ack: those
+        queued when asked, read in arrival order a part at a time (`_sweep_on`), so that a
+        deep queue's scan does not hold up the rest of the shard."""
         q = self._queue(e.queue, e.client, e.request_id, e.principal)
         if q is None:
             return
@@ -80,19 +104,43 @@ class Acks(EnginePart):
         except ExpressionError as exc:
             self._reject(e.client, e.request_id, str(exc))
             return
-        # strict: available messages and the client's own leases; permissive: any
+        self._sweeps.append(Sweep(q.name, e.client, e.request_id, expr, q.stats.next_seq - 1))
+        self._sweep_on(now)
+
+    def sweeping(self) -> bool:
+        """Whether an ack by filter is under way: `ev.Proceed` carries it on."""
+        return bool(self._sweeps)
+
+    def _sweep_on(self, now: int) -> None:
+        """The next part of every ack by filter under way; the answer when one is done."""
+        for s in list(self._sweeps):
+            q = self.queues.get(s.queue)
+            examined = self._sweep_part(q, s, now) if q is not None else 0
+            if examined < SWEEP_PART:  # nothing left before the last seq asked about
+                self._sweeps.remove(s)
+                if s.request_id:
+                    self._out.append(Reply(s.client, s.request_id, {"acked": s.acked}))
+
+    def _sweep_part(self, q: QueueState, s: Sweep, now: int) -> int:
+        """Ack what the next SWEEP_PART messages of the sweep hold for it; how many it
+        looked at (fewer: it is done). Strict leasing: available messages and the client's
+        own leases; permissive: any."""
         permissive = q.config.leasing == "permissive"
-        own = {s.sub_id for s in q.subs.values() if s.client == e.client}
+        own = {sub.sub_id for sub in q.subs.values() if sub.client == s.client}
+        part = list(islice(takewhile(lambda m: m.seq <= s.upto, q.by_seq(s.cursor)),
+                           SWEEP_PART))
         chosen = [
-            m for m in q.by_seq()
+            m for m in part
             if m.state is not MessageState.SENT
-            and (doc := self.doc_of(q, m, now)) is not None and expr.matches(doc)
+            and (doc := self.doc_of(q, m, now)) is not None and s.expr.matches(doc)
             and (m.state is MessageState.AVAILABLE or m.holder in own or permissive)
         ]
         for m in chosen:
-            self._do(Transition(Kind.ACKED, q.name, now, m.bookmark, client=e.client))
-        if e.request_id:
-            self._out.append(Reply(e.client, e.request_id, {"acked": len(chosen)}))
+            self._do(Transition(Kind.ACKED, q.name, now, m.bookmark, client=s.client))
+        s.acked += len(chosen)
+        if part:
+            s.cursor = part[-1].seq
+        return len(part)
 
     def _cancel(self, e: ev.Cancelled, now: int) -> None:
         q = self._queue(e.queue, e.client, e.request_id, e.principal)

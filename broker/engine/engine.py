@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from broker.config import QueueConfig
 from broker.engine import events as ev
 from broker.engine import queue as queue_module
-from broker.engine.acks import Acks
+from broker.engine.acks import Acks, Sweep
 from broker.engine.admission import Admission
 from broker.engine.dispatch import Dispatcher
 from broker.engine.effects import (
@@ -67,6 +67,7 @@ class Engine(Timers, Dispatcher, Acks, Admission):
         self.unconfirmed: set[str] = set()
         self._out: list[Effect] = []
         self._touched: set[str] = set()
+        self._sweeps: list[Sweep] = []
 
     # -- the one entry point ---------------------------------------------------------------
     def handle(self, event: ev.Event, now: int) -> list[Effect]:
@@ -108,6 +109,8 @@ class Engine(Timers, Dispatcher, Acks, Admission):
                 self._configure(event, now)
             case ev.Tick():
                 self._tick(now)
+            case ev.Proceed():
+                self._sweep_on(now)
         for name in sorted(self._touched):
             q = self.queues[name]
             if q.browsers:  # first: browsers see what consumers are about to take away

@@ -138,6 +138,12 @@ class Tick:
     """Time passed: lapse leases, expire messages, drop silent clients."""
 
 
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """Carry on with what an earlier event left under way (`Engine.sweeping`): the next
+    part of an ack by filter of a deep queue."""
+
+
 Event = (
     MessageArrived
     | Subscribed
@@ -151,4 +157,5 @@ Event = (
     | AckWhere
     | Configured
     | Tick
+    | Proceed
 )

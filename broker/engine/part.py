@@ -6,12 +6,17 @@ relies on, so every part type-checks alone and the Engine's definitions fill the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mypy_extensions import trait
 
 from broker.engine.effects import Effect
 from broker.engine.queue import Message, QueueState, Subscription
 from broker.engine.transitions import Reason, Transition
 from broker.expr import Doc
+
+if TYPE_CHECKING:  # (engine.acks is a part itself)
+    from broker.engine.acks import Sweep
 
 
 @trait  # a part of a class built of several (compiled with mypyc: see broker.compiled)
@@ -25,6 +30,7 @@ class EnginePart:
     heartbeat_timeout_ms: int
     _out: list[Effect]
     _touched: set[str]
+    _sweeps: list[Sweep]  # acks by filter under way (engine.acks)
 
     def _do(self, t: Transition) -> Message | None:
         raise NotImplementedError

@@ -4,7 +4,6 @@ continues from."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from confluent_kafka import Consumer
@@ -18,6 +17,7 @@ from broker.service.snapshots import load, survey
 from broker.service.topics import Topics
 from broker.state.layout import load_engine
 from broker.state.store import MemoryStore
+from broker.values import now_ms
 
 
 def journal_start(c: Consumer, config: Config, shard: int) -> int:
@@ -61,7 +61,7 @@ def audit_base(c: Consumer, config: Config, shard: int) -> dict[str, Any]:
     store = MemoryStore()
     load(store, c, topics.snapshots, found)
     engine = Engine(config.queues_of_shard(shard), config.service.heartbeat_timeout.ms)
-    load_engine(store, engine, int(time.time() * 1000))
+    load_engine(store, engine, now_ms())
     parts = state_rows(engine, found.batch, shard)
     return {"shard": shard, "snapshot": found.snapshot, "after_offset": found.journal_offset,
             "batch": found.batch, "queues": parts[0]["queues"],

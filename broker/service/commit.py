@@ -52,7 +52,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -77,7 +76,7 @@ from broker.state.layout import (
     message_key,
 )
 from broker.state.store import Store
-from broker.values import Bookmark
+from broker.values import Bookmark, now_ms
 
 __all__ = ["Committer", "OutRecord", "Outbox", "latest_cursors"]
 
@@ -338,7 +337,7 @@ class Committer:
                   for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
         inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
                   for (r, t, p), o in sorted(cp.positions.items())]
-        now = int(time.time() * 1000)
+        now = now_ms()
         return [
             OutRecord(self._journal_topic, wire.encode("journal", {
                 "batch": cp.batch, "part": i, "parts": len(chunks), "written_ms": now,
@@ -365,7 +364,7 @@ class Committer:
         if self._fence is not None:
             self._fence.before_marker()
         record = OutRecord(self._journal_topic, wire.encode("journal", {
-            "batch": -1, "part": 0, "parts": 0, "written_ms": int(time.time() * 1000),
+            "batch": -1, "part": 0, "parts": 0, "written_ms": now_ms(),
             "marker": nonce, "writer": None, "inputs": [], "transitions": []}),
             partition=self._partition)
         with self._atomically():

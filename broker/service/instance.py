@@ -35,6 +35,7 @@ from broker.service.service import Service
 from broker.service.standby import Standby
 from broker.service.status import InstanceStatus, StatusBoard, kq_serve_runs
 from broker.service.topics import Topics, TopicWatch, prepare_topics
+from broker.values import now_ms
 
 log = logging.getLogger("kq.instance")
 
@@ -70,7 +71,7 @@ class Instance:
         self._last_turn = time.monotonic()
         self._woke_at = float("-inf")
         self.ready = threading.Event()  # the group assigned, and each shard's service is up
-        self.incarnation, self.started_ms = uuid.uuid4().hex, int(time.time() * 1000)
+        self.incarnation, self.started_ms = uuid.uuid4().hex, now_ms()
         self._duplicate = False  # another live process has this name: leave no trace
         self.unfinished: list[int] = []  # shards still in a batch when the stop gave up
 
@@ -173,7 +174,7 @@ class Instance:
         """Instances of one topic prefix share the shards, so they must share the queues: a
         second config on the prefix with other queues would have each instance serve queues
         the other does not know. Refused before joining the group."""
-        now = int(time.time() * 1000)
+        now = now_ms()
         mine = self.config.digest()
         for other in self.board.latest.values():
             if (other.instance == self.name or not other.config_digest
@@ -203,7 +204,7 @@ class Instance:
         STATUS_EVERY_S): a second process then stops without ever having held a shard."""
         prior = self.board.latest.get(self.name)
         if (prior is None or prior.incarnation == self.incarnation
-                or not prior.live(int(time.time() * 1000), self.board.timeout_ms)):
+                or not prior.live(now_ms(), self.board.timeout_ms)):
             return
         deadline = time.monotonic() + 3 * STATUS_EVERY_S + 1
         while time.monotonic() < deadline and not self._stop.is_set():
@@ -377,7 +378,7 @@ class Instance:
         lag.update({str(s): {"role": "standby", "records": sb.lag}
                     for s, sb in self.standbys.items()})
         return InstanceStatus(self.name, sorted(self.runners), sorted(self.standbys), lag,
-                              int(time.time() * 1000), stopped, self.incarnation,
+                              now_ms(), stopped, self.incarnation,
                               self.started_ms, socket.gethostname(), os.getpid(),
                               self.config.digest(), sorted(self.config.queues))
 

@@ -56,7 +56,7 @@ from broker.service.topics import Topics, shard_dir
 from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
 from broker.state.pager import RocksPager
 from broker.state.store import Store
-from broker.values import Bookmark
+from broker.values import Bookmark, now_ms
 
 log = logging.getLogger("kq.service")
 
@@ -65,10 +65,6 @@ SLOW_BATCH_S: Final = 0.5
 DEAF_S: Final = 0.5  # a loop turn later: beyond it, not the clients' silence (Engine.deaf_for)
 DEFAULT_MAX_MESSAGE_BYTES: Final = 1_000_000  # librdkafka's and Kafka's default record size limit
 ENVELOPE_ALLOWANCE: Final = 4096  # what the delivery envelope adds around a record
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -232,9 +228,10 @@ class Service:
         if self._idle_flush:  # (tests without it move batches on at commits only)
             self._committer.advance()
         self.inputs.refresh()
-        # With a batch held, take only what is there: if nothing is, it goes out now.
-        records = self.inputs.poll(BATCH_SIZE,
-                                   wait=not (self._committer.holding and self._idle_flush))
+        # With a batch held, take only what is there: if nothing is, it goes out now. With
+        # an ack by filter under way, the same: its next part is waiting.
+        records = self.inputs.poll(BATCH_SIZE, wait=not (
+            self.engine.sweeping() or (self._committer.holding and self._idle_flush)))
         self._heed_gap()  # an idle service is frozen inside the poll's wait, most likely
         started = time.monotonic()
         now = now_ms()
@@ -259,6 +256,8 @@ class Service:
                 self._source_record(rec, bm, readers, now, batch)
         if self.inputs.caught_up(batch.cp.positions):
             self._run(ev.Tick(), now, batch)
+        if self.engine.sweeping():
+            self._run(ev.Proceed(), now, batch)
         handled = time.monotonic()
         self._commit(batch, records_in=len(records))
         if not records and self._idle_flush:

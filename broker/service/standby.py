@@ -27,6 +27,7 @@ from broker.service.topics import Topics, shard_dir
 from broker.state.layout import load_engine, load_meta
 from broker.state.pager import RocksPager
 from broker.state.rocks import RocksStore
+from broker.values import now_ms
 
 log = logging.getLogger("kq.standby")
 
@@ -78,7 +79,7 @@ class Standby:
             # an empty copy, or one older than the journal's start, begins at the snapshot
             meta, _ = restore(store, reader, topics.snapshots, self.shard, topic,
                               load_meta(store))
-            load_engine(store, engine, int(time.time() * 1000), use_kept_pager(engine, meta))
+            load_engine(store, engine, now_ms(), use_kept_pager(engine, meta))
             tail = JournalTail(store, engine, fetcher, meta)
             journal.assign([TopicPartition(topic, self.shard, meta["offset"] + 1)])
             log.info("standby of shard %d from journal offset %d", self.shard,

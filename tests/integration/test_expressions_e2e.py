@@ -5,6 +5,7 @@ import json
 import pytest
 
 from broker.client import CommandError, QueueClient
+from broker.engine.acks import SWEEP_PART
 from tests.integration.kit import (
     ServeProcess,
     drain,
@@ -67,6 +68,23 @@ def test_ack_where_by_client_and_cli_and_inspect_filter(bootstrap, served):
     assert inspect() == []
     bad = kq("ack", name, "--where", "/status = ", "--config", str(cfg))
     assert bad.returncode == 2 and "column" in bad.stderr
+
+
+def test_ack_where_of_a_queue_deeper_than_one_part_acks_every_match(bootstrap, served):
+    # the service reads a deep queue a part at a time between its other work (engine.acks)
+    name, cfg, _, _ = served
+    n = 2 * SWEEP_PART + 500
+    publish(bootstrap, name, [json.dumps({"status": "ok" if i % 3 else "void"}).encode()
+                              for i in range(n)])
+
+    def queue() -> dict:
+        return json.loads(kq("queues", "--config", str(cfg), "--json").stdout)[0]
+
+    wait_for(lambda: queue()["enqueued"] == n, what=f"all {n} enqueued")
+    out = kq("ack", name, "--where", "/status = 'void'", "--config", str(cfg), "--json")
+    voids = len(range(0, n, 3))
+    assert out.returncode == 0 and json.loads(out.stdout)["acked"] == voids, out.stderr
+    assert queue()["depth"] == n - voids
 
 
 def test_priorities_and_filters_survive_a_restart(bootstrap, served):

@@ -1,7 +1,10 @@
 """Content filters, priority and ack by filter (SPEC section 6), without Kafka."""
 
 from broker.engine import events as ev
+from broker.engine.acks import SWEEP_PART
+from broker.engine.engine import Engine
 from broker.engine.states import MessageState
+from broker.engine.transitions import Kind
 from broker.expr import Doc
 from broker.values import Bookmark, Duration
 from tests.unit.harness import Harness, delivered, queue, rejected, replies
@@ -109,6 +112,30 @@ def test_ack_where_permissive_acks_others_leases_too():
     out = h.handle(ev.AckWhere("w2", "Q", "/status = 'void'", "aw"))
     assert replies(out)[-1].body == {"acked": 1}
     assert void1 not in h.engine.queue("Q").messages
+
+
+def test_ack_where_of_a_deep_queue_goes_a_part_at_a_time_and_answers_at_the_end():
+    h = Harness()
+    h.engine = Engine([queue()], window=300)  # most of the queue paged out
+    n = 2 * SWEEP_PART + 500
+    bms = [send(h, {"status": "void" if i % 2 == 0 else "ok"}) for i in range(n)]
+
+    def acked() -> set[Bookmark]:
+        return {t.bookmark for t in h.journal if t.kind is Kind.ACKED}
+
+    out = h.handle(ev.AckWhere("w1", "Q", "/status = 'void'", "aw"))
+    assert not replies(out) and h.engine.sweeping()  # the answer comes with the last part
+    assert acked() == set(bms[0:SWEEP_PART:2])  # the first part, in arrival order
+    # Between the parts the shard goes on: a subscriber is served, a message arrives
+    # (after the request: not one it asked about)
+    assert [bm for _, bm, _ in delivered(subscribe(h, "w2", "/status = 'ok'", 1))] == [bms[1]]
+    late = send(h, {"status": "void"})
+    assert not replies(h.handle(ev.Proceed()))
+    out = h.handle(ev.Proceed())
+    assert replies(out)[-1].body == {"acked": n // 2} and not h.engine.sweeping()
+    assert acked() == set(bms[0::2])
+    assert h.engine.queue("Q").find(late) is not None
+    assert h.handle(ev.Proceed()) == []  # nothing under way: nothing to do
 
 
 def test_ack_where_with_a_bad_expression_is_refused():
