@@ -155,8 +155,7 @@ class AsyncQueueClient:
         try:
             await self._subscribe(sub)
         except KqError as exc:
-            await self._send(self.core.abandon(sub, unanswered=self._transport().service_seen
-                                               and not isinstance(exc, CommandError)))
+            await self._send(self.core.abandon(sub, exc, self._transport().service_seen))
             raise
         return sub
 

@@ -218,14 +218,17 @@ class ClientCore:
             self.heartbeat_s = beat if self.heartbeat_s is None else min(self.heartbeat_s, beat)
         sub.confirmed, sub.lost = True, None
 
-    def abandon(self, sub: SubscriptionState, unanswered: bool) -> list[Outgoing]:
-        """Forget a subscription whose subscribe failed. One the service refused does not
-        exist there; one it did not answer in time it may still make, and lease to until the
-        leases lapse (deliveries to a subscription not known here are dropped): the records
-        of an unsubscribe, which follows the subscribe on its partition, undo it."""
+    def abandon(self, sub: SubscriptionState, failure: Exception,
+                service_seen: bool) -> list[Outgoing]:
+        """Forget a subscription whose subscribe failed with `failure`. One the service
+        refused (CommandError), or that no service could see (`service_seen`: one has run
+        with the prefix), does not exist there; one it did not answer in time it may still
+        make, and lease to until the leases lapse (deliveries to a subscription not known
+        here are dropped): the records of an unsubscribe, which follows the subscribe on its
+        partition, undo it."""
         self.subs.pop(sub.sub_id, None)
-        if not unanswered or self.closed:  # (a close sent its own commands)
-            return []
+        if isinstance(failure, CommandError) or not service_seen or self.closed:
+            return []  # (a close sent its own commands)
         return self.command("unsubscribe", shard=self.shard_of(sub.queue), sub_id=sub.sub_id)
 
     def remove(self, sub: SubscriptionState) -> None:

@@ -94,8 +94,7 @@ class QueueClient:
         try:
             self._subscribe(sub)
         except KqError as exc:
-            self._send(self.core.abandon(sub, unanswered=self._io.service_seen and not
-                                         isinstance(exc, CommandError)))
+            self._send(self.core.abandon(sub, exc, self._io.service_seen))
             raise
         return sub
 

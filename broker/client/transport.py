@@ -52,17 +52,14 @@ class Transport:
         no service has made it."""
         return clients.topic_partitions(self.admin).get(f"{self.prefix}.commands", 1)
 
-    def service_has_run(self) -> bool:
-        """Whether a service with this prefix has ever run here (it made its command topic):
-        asked of Kafka until it has (a client polling with queries costs it nothing more)."""
+    def check_service(self) -> None:
+        """Refuse a request at once when no service has ever run with this prefix (it makes
+        its command topic): nothing would answer it (it waited out the request timeout, and
+        a close its flush). Asked of Kafka until the topic is seen (a client polling with
+        queries costs it nothing more)."""
         if not self.service_seen:
             self.service_seen = f"{self.prefix}.commands" in clients.topic_partitions(self.admin)
-        return self.service_seen
-
-    def check_service(self) -> None:
-        """Refuse a request at once when no service has ever run with this prefix: nothing
-        would answer it (it waited out the request timeout, and a close its flush)."""
-        if not self.service_has_run():
+        if not self.service_seen:
             raise KqError(f"no kq service has run with topic prefix {self.prefix!r} here (no "
                           f"topic {self.prefix}.commands): is the prefix (--config) right?")
 
