@@ -39,7 +39,7 @@ GROUP_LOOK: Final = 1_000
 class Dispatcher(EnginePart):
     def _dispatch(self, q: QueueState, now: int) -> None:
         """Hand available messages, oldest first, to subscriptions with room."""
-        pick = PICKERS[q.config.effective_fairness]
+        pick = PICKERS[q.fairness]
         while True:
             q.refill()
             if not q.available or not q.subs:
@@ -80,7 +80,7 @@ class Dispatcher(EnginePart):
         otherwise the order is the arrival order and dispatch stops at the barrier); then
         the barrier, if everything before it is finished. True when a barrier was sent."""
         self._sync_matching(q, subs)
-        pick = PICKERS[q.config.effective_fairness]
+        pick = PICKERS[q.fairness]
         while True:
             if q.refill():
                 self._sync_matching(q, subs)  # the filters see what came back first
@@ -107,7 +107,7 @@ class Dispatcher(EnginePart):
         """Message groups (broker.engine.groups): repeatedly the best message a subscription
         with room may take (the first head among its own groups' and the free ones that its
         filter takes), to one of the subscriptions it is best for, by fairness."""
-        pick = PICKERS[q.config.effective_fairness]
+        pick = PICKERS[q.fairness]
         said: dict[tuple[str, Bookmark], bool] = {}  # what filters said, for this dispatch
         took_from_scan = False
         while True:
@@ -259,7 +259,7 @@ class Dispatcher(EnginePart):
     def _walk(self, q: QueueState, subs: list[Subscription], barrier: Message | None,
               msgs: list[Message], now: int) -> bool:
         """`_dispatch_walking` over these messages. False once no subscription has room."""
-        pick = PICKERS[q.config.effective_fairness]
+        pick = PICKERS[q.fairness]
         for msg in msgs:
             if msg.is_barrier or (barrier is not None and msg.seq > barrier.seq):
                 continue  # barriers go by their own rule; the others wait behind the first

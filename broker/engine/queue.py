@@ -42,7 +42,7 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         # directly, one of the config (a pydantic model) by a generic lookup
         self.name, self.at_most_once = config.name, config.at_most_once
         self.target_queue_depth = config.target_queue_depth
-        self.lease_ms = config.lease_period.ms
+        self.lease_ms, self.fairness = config.lease_period.ms, config.effective_fairness
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
         self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)

@@ -284,6 +284,8 @@ class Checkpoint:
                 if msg is _UNKNOWN:
                     msg = None if t.kind in FINISHING else q.find(t.bookmark)
                 key = message_key(t.queue, t.bookmark)
+                if key in puts:  # put by an earlier transition of the batch: the same state
+                    continue
                 if msg is None:
                     deletes.append(key)
                 else:
