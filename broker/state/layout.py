@@ -234,8 +234,7 @@ def decode_queue(data: bytes, q: QueueState) -> None:
                          Counter(r["removed"]), r["dead_lettered"])
     q.recovery_point, q.start_ms = r["recovery_point"], r["start_ms"]
     for key, offset in r["read_upto"].items():
-        topic, _, partition = key.rpartition("/")
-        q.read_upto[(topic, int(partition))] = offset
+        q.read_upto[(key.rpartition("/")[0], int(key.rpartition("/")[2]))] = offset
     q.pending_acks = {Bookmark.parse(b) for b in r["pending_acks"]}
 
 
@@ -260,8 +259,7 @@ class Checkpoint:
             self.messages[(t.queue, t.bookmark)] = None if t.kind in FINISHING else msg
 
     def write(self, store: Store, engine: Engine, skip: frozenset[bytes] = frozenset()) -> None:
-        """Write the engine's current state of every key the transitions touched (but the
-        keys in `skip`: tests use it to lose a write on purpose)."""
+        """`changes` written (`skip`: keys whose write tests lose on purpose)."""
         self.changes(engine, skip).write_to(store)
 
     def changes(self, engine: Engine, skip: frozenset[bytes] = frozenset()) -> StateChanges:
@@ -278,14 +276,14 @@ class Checkpoint:
                 continue
             touched_queues.add(t.queue)
             if t.bookmark is not None:
-                # a message finished by this transition is gone (a later transition of
-                # the batch that queues it again puts it back: puts win over deletes)
+                # each transition of a message in the batch finds its last state (`add`):
+                # gone if finished, unless queued again (puts win over deletes)
+                key = message_key(t.queue, t.bookmark)
+                if key in puts:  # an earlier one put it
+                    continue
                 msg = self.messages.get((t.queue, t.bookmark), _UNKNOWN)
                 if msg is _UNKNOWN:
                     msg = None if t.kind in FINISHING else q.find(t.bookmark)
-                key = message_key(t.queue, t.bookmark)
-                if key in puts:  # put by an earlier transition of the batch: the same state
-                    continue
                 if msg is None:
                     deletes.append(key)
                 else:
