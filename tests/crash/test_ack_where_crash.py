@@ -33,26 +33,27 @@ def test_an_ack_by_filter_killed_half_way_keeps_its_finished_parts(bootstrap, tm
     cfg = write_config(tmp_path / "kq.toml", f"kq{u}", [name], tmp_path / "state", bootstrap)
     serve = ServeProcess(cfg, tmp_path / "serve.log").start()
     publish(bootstrap, name, [b'{"n": %d}' % i for i in range(N)])
-    with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"look-{u}") as c:
+    try:
+        with QueueClient(bootstrap, topic_prefix=f"kq{u}", name=f"look-{u}") as c:
 
-        def row() -> dict:
-            return next(r for r in c.query(what="queues")["queues"] if r["queue"] == name)
+            def row() -> dict:
+                return next(r for r in c.query(what="queues")["queues"] if r["queue"] == name)
 
-        wait_for(lambda: row()["enqueued"] == N, 60, f"all {N} enqueued")
-        ack = subprocess.Popen([*KQ, "ack", name, "--where", "/n >= 0", "--config", str(cfg)],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            # answered between the parts, with the acks of those done so far
-            wait_for(lambda: 0 < row()["depth"] < N, 60, "a depth half way through the ack")
-            half_way = row()["depth"]
-            serve.proc.kill()  # kill -9 during the ack
-            serve.proc.wait()
-        finally:
-            ack.kill()
-            ack.wait()
-        assert half_way > 0, "the ack finished before the kill: make N larger"
-        serve.start()
-        try:
+            wait_for(lambda: row()["enqueued"] == N, 60, f"all {N} enqueued")
+            ack = subprocess.Popen(
+                [*KQ, "ack", name, "--where", "/n >= 0", "--config", str(cfg)],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                # answered between the parts, with the acks of those done so far
+                wait_for(lambda: 0 < row()["depth"] < N, 60, "a depth half way through the ack")
+                half_way = row()["depth"]
+                serve.proc.kill()  # kill -9 during the ack
+                serve.proc.wait()
+            finally:
+                ack.kill()
+                ack.wait()
+            assert half_way > 0, "the ack finished before the kill: make N larger"
+            serve.start()
             left = row()["depth"]
             assert 0 < left <= half_way  # what it had answered was journaled before
             out = kq("ack", name, "--where", "/n >= 0", "--config", str(cfg), "--json")
@@ -60,5 +61,5 @@ def test_an_ack_by_filter_killed_half_way_keeps_its_finished_parts(bootstrap, tm
             assert json.loads(out.stdout)["acked"] == left
             final = row()
             assert (final["depth"], final["acked"]) == (0, N)  # each acked once, none lost
-        finally:
-            serve.stop()
+    finally:
+        serve.stop()  # (a killed one: nothing to stop)
