@@ -1,5 +1,7 @@
 """Content filters, priority and ack by filter (SPEC section 6), without Kafka."""
 
+import pytest
+
 from broker.engine import events as ev
 from broker.engine.acks import SWEEP_PART
 from broker.engine.engine import Engine
@@ -114,9 +116,10 @@ def test_ack_where_permissive_acks_others_leases_too():
     assert void1 not in h.engine.queue("Q").messages
 
 
-def test_ack_where_of_a_deep_queue_goes_a_part_at_a_time_and_answers_at_the_end():
+@pytest.mark.parametrize("window", [300, None])  # most of the queue paged out; none of it
+def test_ack_where_of_a_deep_queue_goes_a_part_at_a_time_and_answers_at_the_end(window):
     h = Harness()
-    h.engine = Engine([queue()], window=300)  # most of the queue paged out
+    h.engine = Engine([queue()], window=window)
     n = 2 * SWEEP_PART + 500
     bms = [send(h, {"status": "void" if i % 2 == 0 else "ok"}) for i in range(n)]
 
