@@ -25,6 +25,7 @@ SOURCES = [
     "broker/values.py",
     "broker/packed.py",
     "broker/kafka/records.py",
+    "broker/service/coalesce.py",
     "broker/service/commands.py",
     "broker/service/commit.py",
     "broker/service/envelopes.py",

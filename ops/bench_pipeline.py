@@ -29,8 +29,7 @@ from confluent_kafka import Producer  # noqa: E402
 from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.embedded import given_or_embedded  # noqa: E402
-from broker.service.commit import TRANSITIONS_PER_PART  # noqa: E402
-from broker.service.journal import encode_columns  # noqa: E402
+from broker.service.journal import TRANSITIONS_PER_PART, encode_columns  # noqa: E402
 
 RUNS = 3  # timed runs after the warm-up one; the median is reported
 BLANK = {"bookmark": None, "sub_id": None, "client": None, "delivery_count": 0,

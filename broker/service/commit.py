@@ -4,10 +4,11 @@ Each batch the service processed is made durable in four numbered steps, each st
 the step before was acknowledged. Batches are pipelined: while Kafka acknowledges a batch's
 journal the service goes on with the next batch, whose journal goes out behind it (Kafka
 keeps one partition's records in order; they are counted in order too); the deliveries go
-out as soon as the journal is in, and the state is written once they are acknowledged.
-Before it produces a batch's journal, the committer waits until the journal of the batch
-before the last is in and every batch before those two wrote its state: so at most the last
-three journaled batches (UNSENT_BATCHES) may have deliveries that did not go out. A crash
+out as soon as the journal is in, and the state is written once they are acknowledged, one
+write for the batches of a short window (broker.service.coalesce). Before it produces a
+batch's journal, the committer waits until the journal of the batch before the last is in
+and every batch before those two was delivered: so at most the last three journaled batches
+(UNSENT_BATCHES) may have deliveries that did not go out. A crash
 (kill -9) may fall into any gap; recovery (`broker.service.recovery`) makes every gap safe:
 
   1. COPIES     produce forwarded records and dead-letter copies; flush; all must be acked.
@@ -24,11 +25,12 @@ three journaled batches (UNSENT_BATCHES) may have deliveries that did not go out
                 acknowledged.
                 Crash after: as after 2, but subscribers got their messages. The journals
                 of the next two batches may be in too: they are replayed the same way.
-  4. STATE      write the state the batch left, encoded when it was processed, with its input
-                positions and journal offset, to RocksDB in one WriteBatch. RocksDB therefore
-                never holds a batch whose deliveries may not have gone out: the journal tail
-                recovery replays (at most the last three batches) is exactly what may be unsent.
-                Until then, the payloads the batch stores are read from memory.
+  4. STATE      write the state the window's batches left, encoded right after its last
+                batch was processed, with its input positions and journal offset, to RocksDB
+                in one WriteBatch, once that batch is delivered. RocksDB therefore never holds
+                a batch whose deliveries may not have gone out; of the journal tail recovery
+                replays (the batches of at most one window and three more), only the last
+                three may be unsent. Until then, the payloads stored are read from memory.
 
 With `[service] exactly_once = true` the producer is transactional: steps 1 and 2 of a batch
 and step 3 of the batch before (its deliveries ride along) are one Kafka transaction,
@@ -62,10 +64,10 @@ from confluent_kafka import KafkaException, Producer
 
 from broker import wire
 from broker.engine.engine import Engine
-from broker.engine.transitions import Kind, Transition
 from broker.errors import DeliveryFailedError, StateError
+from broker.service.coalesce import StateWindow
 from broker.service.fence import Fence
-from broker.service.journal import encode_columns
+from broker.service.journal import journal_parts
 from broker.service.sending import FLUSH_TIMEOUT_S, Acks, OutRecord, Sender
 from broker.state.layout import (
     META_JOURNAL,
@@ -78,7 +80,7 @@ from broker.state.layout import (
 from broker.state.store import Store
 from broker.values import Bookmark, now_ms
 
-__all__ = ["Committer", "OutRecord", "Outbox", "latest_cursors"]
+__all__ = ["Committer", "OutRecord", "Outbox"]
 
 log = logging.getLogger("kq.commit")
 
@@ -89,7 +91,6 @@ JOURNALS_IN_FLIGHT: Final = 2
 # The journaled batches whose deliveries a crash may have cut: those whose journal may be on
 # its way, and the one before, whose deliveries may be.
 UNSENT_BATCHES: Final = JOURNALS_IN_FLIGHT + 1
-TRANSITIONS_PER_PART: Final = 2000
 
 
 @dataclass
@@ -99,8 +100,11 @@ class _InFlight:
 
     cp: Checkpoint
     deliveries: list[OutRecord]
-    changes: StateChanges
     journal: Acks
+    # the state write of the window this batch closes (broker.service.coalesce); None: the
+    # batch is inside a window, its state is written with the window's last batch
+    changes: StateChanges | None = None
+    window: Checkpoint | None = None
     journaled: bool = False  # its journal was acknowledged and checked
     sent: Acks | None = None  # its deliveries, once produced
 
@@ -118,25 +122,10 @@ class Outbox:
         return bool(self.copies or self.deliveries)
 
 
-def latest_cursors(transitions: list[Transition]) -> list[Transition]:
-    """The transitions without browser cursors a later one in the same batch moves past
-    (a browser fed one message per event would otherwise journal one cursor per message)."""
-    seen: set[str | None] = set()
-    kept = []
-    for t in reversed(transitions):
-        if t.kind is Kind.BROWSED:
-            if t.sub_id in seen:
-                continue
-            seen.add(t.sub_id)
-        kept.append(t)
-    kept.reverse()
-    return kept
-
-
 class Committer:
     def __init__(self, producer: Producer, store: Store, engine: Engine, journal_topic: str,
                  next_batch: int, transactional: bool = False, partition: int = 0,
-                 fence: Fence | None = None) -> None:
+                 fence: Fence | None = None, window: StateWindow | None = None) -> None:
         self._producer = producer
         self._sender = Sender(producer, partition, transactional)
         self.transactional = transactional  # the producer has a transactional.id
@@ -147,6 +136,7 @@ class Committer:
         self._fence = fence
         self.next_batch = next_batch
         self._flight: deque[_InFlight] = deque()  # oldest first; at most two at a commit
+        self._window = StateWindow() if window is None else window  # state not encoded yet
         # The journal only grows; an offset at or below the last one means Kafka lost it.
         self.last_offset = -1
         self.writer: str | None = None  # our start-up marker's nonce, named in every part
@@ -167,9 +157,11 @@ class Committer:
 
     def held_payload(self, bm: Bookmark) -> Payload | None:
         """A payload a batch on its way stores, not in RocksDB yet."""
+        p = self._window.payload(bm)
+        if p is not None:
+            return p
         for b in reversed(self._flight):
-            p = b.changes.payloads.get(bm)
-            if p is not None:
+            if b.changes is not None and (p := b.changes.payloads.get(bm)) is not None:
                 return p
         return None
 
@@ -197,9 +189,11 @@ class Committer:
                 self._sender.flush()
                 if self._crash_before_commit:
                     self._crash_point(2, cp, "journal, inside the open Kafka transaction")
-        self._flight.append(_InFlight(cp, outbox.deliveries,
-                                      cp.changes(self._engine, skip=self._dropped_write(cp)),
-                                      acks))
+        b = _InFlight(cp, outbox.deliveries, acks)
+        self._window.add(cp, self._dropped_write(cp))
+        if journal and self._window.due():  # closed at a batch the journal records
+            b.window, b.changes = self._window.close(self._engine)
+        self._flight.append(b)
         if self.transactional:  # all acknowledged: the transaction committed
             self._settle()
 
@@ -210,9 +204,12 @@ class Committer:
             self._sender.poll(0)
             self._settle()
 
-    def flush_held(self) -> None:
-        """Everything on its way, now (no input is waiting, or the service stops)."""
+    def flush_held(self, stopping: bool = False) -> None:
+        """Everything on its way, now (no input is waiting, or the service stops); the state
+        too if its window is due, or the service stops."""
         if not self._flight:
+            if self._window and (stopping or self._window.due()):
+                self._write_window()
             return
         self._sender.flush()  # the journal in: (without exactly_once) its deliveries go out
         self._sender.wait(self._journaled_all, "journal", self._settle)
@@ -223,6 +220,15 @@ class Committer:
                 self._send_deliveries(self._flight[-1])
         self._sender.flush()
         self._sender.wait(lambda: not self._flight, "deliveries", self._settle)
+        if self._window and (stopping or self._window.due()):
+            self._write_window()
+
+    def _write_window(self) -> None:
+        """The open window's state, now: every batch of it is delivered, and the engine is
+        where its last batch left it (called between batches)."""
+        window, changes = self._window.close(self._engine)
+        changes.write_to(self._store)
+        self._crash_point(4, window)
 
     def send_now(self, records: list[OutRecord]) -> None:
         """Replies that need no journal (state snapshots): produced and flushed at once."""
@@ -262,7 +268,9 @@ class Committer:
                 self._fence.after_journal(self.last_offset, offsets[0])
             self._check_grows(offsets[0])
             self.last_offset = b.cp.journal_offset = offsets[-1]
-            b.changes.puts[META_JOURNAL] = journal_meta(offsets[-1], b.cp.batch, b.cp.writer)
+            if b.changes is not None:
+                b.changes.puts[META_JOURNAL] = journal_meta(offsets[-1], b.cp.batch,
+                                                            b.cp.writer)
         self._crash_point(2, b.cp)
         if not self.transactional:
             self._send_deliveries(b)
@@ -277,8 +285,9 @@ class Committer:
         if b.sent.errors:  # a lease nobody got lapses and is delivered again
             log.error("producing deliveries failed: %s", "; ".join(b.sent.errors[:5]))
         self._crash_point(3, b.cp)
-        b.changes.write_to(self._store)
-        self._crash_point(4, b.cp)
+        if b.changes is not None and b.window is not None:
+            b.changes.write_to(self._store)
+            self._crash_point(4, b.window)
 
     def _produce_now(self, records: list[OutRecord], what: str) -> None:
         """Produce and flush; every record must be acknowledged."""
@@ -332,24 +341,9 @@ class Committer:
     def _journal_records(self, cp: Checkpoint) -> list[OutRecord]:
         cp.batch, cp.writer = self.next_batch, self.writer
         self.next_batch += 1
-        rows = latest_cursors(cp.transitions)
-        chunks = [rows[i:i + TRANSITIONS_PER_PART]
-                  for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
-        inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
-                  for (r, t, p), o in sorted(cp.positions.items())]
-        now = now_ms()
-        return [
-            OutRecord(self._journal_topic, wire.encode("journal", {
-                "batch": cp.batch, "part": i, "parts": len(chunks), "written_ms": now,
-                "marker": None, "writer": self.writer, "writer_offset": self.writer_offset,
-                # positions ride on the last part: they count only once the batch is whole
-                "inputs": inputs if i == len(chunks) - 1 else [],
-                # the union's branch named: fastavro otherwise validates the whole record
-                # against each branch to choose one (a third of writing a part)
-                "transitions": [], "columns": ("kq.Columns", encode_columns(chunk)),
-            }), partition=self._partition)
-            for i, chunk in enumerate(chunks)
-        ]
+        return [OutRecord(self._journal_topic, value, partition=self._partition)
+                for value in journal_parts(cp.transitions, cp.positions, cp.batch, self.writer,
+                                           self.writer_offset)]
 
     def _check_grows(self, offset: int) -> None:
         if offset <= self.last_offset:

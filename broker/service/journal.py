@@ -1,4 +1,5 @@
-"""Reading the journal back: parts become whole batches, or are dropped."""
+"""The journal's records: a batch written as parts, and parts read back into whole batches
+(or dropped)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from itertools import accumulate, pairwise
 from operator import attrgetter, itemgetter
 from typing import Any, Final
 
+from broker import wire
 from broker.engine.transitions import Kind, Transition
 from broker.packed import pack_array, unpack_array
-from broker.values import Bookmark
+from broker.values import Bookmark, now_ms
 
 Part = dict[str, Any]
 
@@ -260,3 +262,41 @@ def transitions_in(part: Part) -> list[Transition]:
                _nullable(cols, "not_before_ms", "q"), _nullable(cols, "size", "q"),
                strs("sort_text"), strs("group"), strict=True)
     return [Transition(*row) for row in rows]  # type: ignore[arg-type]
+
+
+TRANSITIONS_PER_PART: Final = 2000
+
+
+def latest_cursors(transitions: list[Transition]) -> list[Transition]:
+    """The transitions without browser cursors a later one in the same batch moves past
+    (a browser fed one message per event would otherwise journal one cursor per message)."""
+    seen: set[str | None] = set()
+    kept = []
+    for t in reversed(transitions):
+        if t.kind is Kind.BROWSED:
+            if t.sub_id in seen:
+                continue
+            seen.add(t.sub_id)
+        kept.append(t)
+    kept.reverse()
+    return kept
+
+
+def journal_parts(transitions: list[Transition], positions: dict[tuple[str, str, int], int],
+                  batch: int, writer: str | None, writer_offset: int | None) -> list[bytes]:
+    """One batch's journal records: its transitions in parts of TRANSITIONS_PER_PART, its
+    input positions on the last part (they count only once the batch is whole)."""
+    rows = latest_cursors(transitions)
+    chunks = [rows[i:i + TRANSITIONS_PER_PART]
+              for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
+    inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
+              for (r, t, p), o in sorted(positions.items())]
+    now = now_ms()
+    return [wire.encode("journal", {
+        "batch": batch, "part": i, "parts": len(chunks), "written_ms": now,
+        "marker": None, "writer": writer, "writer_offset": writer_offset,
+        "inputs": inputs if i == len(chunks) - 1 else [],
+        # the union's branch named: fastavro otherwise validates the whole record against
+        # each branch to choose one (a third of writing a part)
+        "transitions": [], "columns": ("kq.Columns", encode_columns(chunk)),
+    }) for i, chunk in enumerate(chunks)]

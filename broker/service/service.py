@@ -164,7 +164,7 @@ class Service:
                 began = time.monotonic()
                 self._step()
                 self._snapshots.turn(time.monotonic() - began)
-            self._committer.flush_held()
+            self._committer.flush_held(stopping=True)
             self._snapshots.write_now()  # a clean stop: the next owner starts from here
             keep_pager(self.engine, load_meta(store))  # and from its pager, if it is this one
         finally:

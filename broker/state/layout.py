@@ -270,17 +270,17 @@ class Checkpoint:
         touched_queues: set[str] = set()
         touched_payloads: set[Bookmark] = set(self.payloads)
         alive: set[Bookmark] = set()  # still queued somewhere: its payload stays
+        done: set[tuple[str, Bookmark]] = set()
         for t in self.transitions:
             q = engine.queues.get(t.queue)
             if q is None:
                 continue
             touched_queues.add(t.queue)
             if t.bookmark is not None:
-                # each transition of a message in the batch finds its last state (`add`):
-                # gone if finished, unless queued again (puts win over deletes)
-                key = message_key(t.queue, t.bookmark)
-                if key in puts:  # an earlier one put it
+                if (t.queue, t.bookmark) in done:  # `add` kept its last state: done once
                     continue
+                done.add((t.queue, t.bookmark))
+                key = message_key(t.queue, t.bookmark)
                 msg = self.messages.get((t.queue, t.bookmark), _UNKNOWN)
                 if msg is _UNKNOWN:
                     msg = None if t.kind in FINISHING else q.find(t.bookmark)

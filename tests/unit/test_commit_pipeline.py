@@ -4,14 +4,16 @@ goes on with the next batch while a journal is on its way."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from broker.engine.engine import Engine
 from broker.errors import DeliveryFailedError
+from broker.service.coalesce import StateWindow
 from broker.service.commit import Committer, Outbox, OutRecord
-from broker.state.layout import Checkpoint, Payload, load_meta, offset_key
+from broker.state.layout import META_JOURNAL, Checkpoint, Payload, load_meta, offset_key
 from broker.state.store import MemoryStore
 from broker.values import Bookmark
 
@@ -81,7 +83,9 @@ def _batch(n: int) -> tuple[Checkpoint, Outbox]:
 @pytest.fixture
 def parts():
     broker, store = Broker(), MemoryStore()
-    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0)  # type: ignore[arg-type]
+    # each batch's state written on its own (a window of 0 ms closes at every batch)
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
+                          window=StateWindow(window_ms=0))
     return broker, store, committer
 
 
@@ -186,3 +190,53 @@ class _Error:
 
     def str(self) -> str:
         return "broker down"
+
+
+@pytest.fixture
+def windowed():
+    """A committer whose state window is never due on its own (a clean stop closes it)."""
+    broker, store = Broker(auto=True), MemoryStore()
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
+                          window=StateWindow(window_ms=10**9))
+    return broker, store, committer
+
+
+def test_a_windows_batches_are_journaled_and_delivered_but_their_state_written_once(windowed):
+    broker, store, committer = windowed
+    writes = []
+    store.write = lambda puts, deletes: writes.append(dict(puts))  # type: ignore[method-assign]
+    for n in (1, 2, 3, 4):
+        committer.commit(*_batch(n))
+    committer.flush_held()  # idle: everything goes out, the state waits for its window
+    assert broker.topics().count(JOURNAL) == 4 and broker.topics().count("kq.deliver.w1") == 4
+    assert writes == [] and not committer.holding
+    committer.flush_held(stopping=True)
+    (written,) = writes  # one write: the last batch's position and journal offset
+    assert written[offset_key("Q", "orders", 0)] == b"4"
+    assert json.loads(written[META_JOURNAL])["offset"] == 3
+
+
+def test_a_due_window_closes_at_a_batch_the_journal_records(windowed):
+    """The window's rows carry its last batch's journal offset: a batch that journals
+    nothing (replies only) cannot close it, even when the window is due."""
+    broker, store, committer = windowed
+    broker.auto = False
+    committer.commit(*_batch(1))
+    committer._window._window_s = 0  # due from now on
+    committer.commit(Checkpoint(), Outbox(deliveries=[OutRecord("kq.deliver.w1", b"reply")]))
+    assert _position(store) is None
+    committer.flush_held()
+    assert _position(store) == 1 and load_meta(store)["offset"] == 0
+
+
+def test_a_payload_is_read_from_memory_until_its_window_is_written(windowed):
+    _, store, committer = windowed
+    bm = Bookmark("orders", 0, 7)
+    cp, outbox = _batch(1)
+    cp.payloads[bm] = Payload(None, b"{}", [], 0)
+    committer.commit(cp, outbox)
+    committer.commit(*_batch(2))
+    committer.flush_held()
+    assert committer.held_payload(bm) == cp.payloads[bm]  # delivered, not written
+    committer.flush_held(stopping=True)
+    assert committer.held_payload(bm) is None

@@ -11,8 +11,9 @@ from broker.engine.admission import lvq_value
 from broker.engine.effects import Deliver, Flow, Journal
 from broker.engine.engine import Engine
 from broker.engine.paging import MemoryPager
-from broker.engine.transitions import Kind
+from broker.engine.transitions import Kind, Transition
 from broker.expr import Doc
+from broker.service.coalesce import StateWindow
 from broker.service.queries import recovery_points
 from broker.state.layout import Checkpoint, load_engine
 from broker.state.store import MemoryStore
@@ -137,7 +138,7 @@ class QueueMachine(RuleBasedStateMachine):
         for e in effects:
             if isinstance(e, Journal):
                 cp.add(e.transition, e.message)
-        cp.write(self.store, self.engine)
+        self._store_batch(cp)
         for e in effects:
             if isinstance(e, Flow):
                 # (a start says where the queue stands, whatever was said before)
@@ -332,6 +333,9 @@ class QueueMachine(RuleBasedStateMachine):
         self._run(event)
         self.delays.pop(bm, None)  # (taken by the return, or refused)
 
+    def _store_batch(self, cp: Checkpoint) -> None:
+        cp.write(self.store, self.engine)
+
     @rule()
     def restart(self) -> None:
         """The service stops and starts again: a new engine loads what was written. Clients
@@ -481,6 +485,47 @@ TestGroupQueueMachine.settings = settings(max_examples=150, stateful_step_count=
                                           deadline=None)
 TestPagedQueueMachine.settings = settings(max_examples=300, stateful_step_count=40,
                                           deadline=None)
+
+
+class CoalescedQueueMachine(QueueMachine):
+    """The same rules with the state written as the service writes it under load: once per
+    window of batches (broker.service.coalesce), the window closing at random. A restart
+    loads the last write and replays the journal after it, as recovery does; the rows a
+    window encodes must agree with the journal offset they are written with."""
+
+    window = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states = StateWindow(window_ms=10**9)
+        self.journal_tail: list[Transition] = []  # journaled after the last state write
+
+    def _store_batch(self, cp: Checkpoint) -> None:
+        self.states.add(cp, frozenset())
+        self.journal_tail += cp.transitions
+
+    @rule()
+    def state_written(self) -> None:
+        if self.states:
+            self.states.close(self.engine)[1].write_to(self.store)
+            self.journal_tail.clear()
+
+    @rule()
+    def restart(self) -> None:
+        self.engine = self._engine()
+        load_engine(self.store, self.engine, self.now)
+        replay = Checkpoint()
+        for t in self.journal_tail:
+            replay.add(t, self.engine.apply(t))
+        replay.write(self.store, self.engine)
+        self.states, self.journal_tail = StateWindow(window_ms=10**9), []
+        self.restarted = True
+        self._run(ev.Tick())  # the service's first turn (held messages come due at a tick)
+
+
+TestCoalescedQueueMachine = CoalescedQueueMachine.TestCase
+TestCoalescedQueueMachine.settings = settings(max_examples=300, stateful_step_count=40,
+                                              deadline=None)
 
 
 class PriorityFilterMachine(RuleBasedStateMachine):

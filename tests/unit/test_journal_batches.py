@@ -20,7 +20,7 @@ def test_whole_batches_only_and_leftovers_of_a_crash_are_dropped():
 
 def test_a_batch_journals_only_the_last_cursor_of_each_browser():
     from broker.engine.transitions import Kind, Transition
-    from broker.service.commit import latest_cursors
+    from broker.service.journal import latest_cursors
     from broker.values import Bookmark
 
     def cursor(sub: str, seq: int) -> Transition:
