@@ -207,10 +207,13 @@ class Committer:
     def flush_held(self, stopping: bool = False) -> None:
         """Everything on its way, now (no input is waiting, or the service stops); the state
         too if its window is due, or the service stops."""
-        if not self._flight:
-            if self._window and (stopping or self._window.due()):
-                self._write_window()
-            return
+        if self._flight:
+            self._drain_flight()
+        if self._window and (stopping or self._window.due()):
+            self._write_window()
+
+    def _drain_flight(self) -> None:
+        """Every batch in flight journaled and delivered, waiting for each step."""
         self._sender.flush()  # the journal in: (without exactly_once) its deliveries go out
         self._sender.wait(self._journaled_all, "journal", self._settle)
         if self.transactional and self._flight and self._flight[-1].sent is None:
@@ -220,8 +223,6 @@ class Committer:
                 self._send_deliveries(self._flight[-1])
         self._sender.flush()
         self._sender.wait(lambda: not self._flight, "deliveries", self._settle)
-        if self._window and (stopping or self._window.due()):
-            self._write_window()
 
     def _write_window(self) -> None:
         """The open window's state, now: every batch of it is delivered, and the engine is
