@@ -42,9 +42,17 @@ SLOWEST_FIRST = [
 ]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {f"tests/{path}": i for i, path in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
+    # a `one_broker` test runs on the last broker asked for (Apache Kafka when both are)
+    last = broker_kinds()[-1]
+    once = [item for item in items if item.get_closest_marker("one_broker")
+            and getattr(item, "callspec", None) is not None
+            and item.callspec.params.get("broker_kind", last) != last]
+    if once:
+        config.hook.pytest_deselected(items=once)
+        items[:] = [item for item in items if item not in once]
 
 
 def broker_kinds() -> list[str]:

@@ -181,6 +181,7 @@ def test_replay_counts_what_kafka_refuses_and_exits_1(bootstrap, tmp_path):
     assert json.loads(out.stdout.splitlines()[-1]) == {"matched": 2, "published": 1, "failed": 1}
 
 
+@pytest.mark.one_broker  # the journal's Spark read runs on both: tests/pipeline/test_sources.py
 def test_replay_on_spark_gives_what_the_local_replay_gives(bootstrap, tmp_path):
     u = uid()
     src = f"RS_{u}"

@@ -24,6 +24,7 @@ def nearest_rank(values: list[int], p: float) -> int:
 
 
 @pytest.mark.timeout(400)  # starts Spark in a `kq journal report` process
+@pytest.mark.one_broker  # the journal's Spark read runs on both: tests/pipeline/test_sources.py
 def test_the_report_counts_what_the_journal_says(bootstrap, tmp_path):
     with serving_one_queue(bootstrap, tmp_path, "RPT", 'expiration = "30m"\n') as (
             name, cfg, prefix, _):
