@@ -2,7 +2,8 @@
 
 Every batch is journaled, and its deliveries sent, on its own (broker.service.commit); the
 state the batches leave is written to RocksDB once per window: every WINDOW_MS, or
-WINDOW_TRANSITIONS transitions, and whenever the service falls idle or stops. The write holds
+WINDOW_TRANSITIONS transitions, or WINDOW_ARRIVALS messages queued, and whenever the service
+falls idle or stops. The write holds
 the union of the keys the window's batches touched, each as the window left it, so a message
 leased and acked inside one window costs one delete, not a lease row and then a delete; a
 lease lives about a tenth of a second under load, shorter than a window.
@@ -34,15 +35,20 @@ from broker.values import Bookmark
 # short enough that a restart replays little more journal. Crash tests stretch it.
 WINDOW_MS: Final = int(os.environ.get("KQ_TEST_STATE_WINDOW_MS") or 200)
 WINDOW_TRANSITIONS: Final = 50_000  # bounds the memory a window holds
+# Arrivals gain nothing from the window (each message's row is written once either way) and
+# hold their payloads until it closes: a burst of arrivals (a deep backlog loading at ~50,000
+# msgs/s) closes it after about two batches, or the service's memory keeps the burst's high
+# water mark (1,000,000 queued cost 7 bytes more each with 200 ms windows of arrivals).
+WINDOW_ARRIVALS: Final = 2_000
 
 
 class StateWindow:
     """The batches committed since the last state write, merged."""
 
-    def __init__(self, window_ms: int = WINDOW_MS,
-                 max_transitions: int = WINDOW_TRANSITIONS) -> None:
+    def __init__(self, window_ms: int = WINDOW_MS, max_transitions: int = WINDOW_TRANSITIONS,
+                 max_arrivals: int = WINDOW_ARRIVALS) -> None:
         self._window_s = window_ms / 1000
-        self._max = max_transitions
+        self._max, self._max_arrivals = max_transitions, max_arrivals
         self._open = Checkpoint()
         self._opened = 0.0
         self._skip: set[bytes] = set()
@@ -68,6 +74,7 @@ class StateWindow:
     def due(self) -> bool:
         return self.last is not None and (
             len(self._open.transitions) >= self._max
+            or len(self._open.payloads) >= self._max_arrivals
             or time.monotonic() - self._opened >= self._window_s)
 
     def close(self, engine: Engine) -> tuple[Checkpoint, StateChanges]:

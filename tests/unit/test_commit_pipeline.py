@@ -238,3 +238,20 @@ def test_a_payload_is_read_from_memory_until_its_window_is_written(windowed):
     assert committer.held_payload(bm) == cp.payloads[bm]  # delivered, not written
     committer.flush_held(stopping=True)
     assert committer.held_payload(bm) is None
+
+
+def test_a_burst_of_arrivals_closes_the_window_before_its_time():
+    """Arrivals hold their payloads in memory until their window is written: a deep backlog
+    loading must not keep a whole window's worth of them."""
+    broker, store = Broker(auto=True), MemoryStore()
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
+                          window=StateWindow(window_ms=10**9, max_arrivals=3))
+    for n, offsets in ((1, (1, 2)), (2, (3, 4)), (3, (5,))):
+        cp, outbox = _batch(n)
+        for offset in offsets:
+            cp.payloads[Bookmark("orders", 0, offset)] = Payload(None, b"{}", [], 0)
+        committer.commit(cp, outbox)
+        committer.flush_held()
+        assert _position(store) == (None if n == 1 else 2)  # 4 arrivals closed it at batch 2
+    assert committer.held_payload(Bookmark("orders", 0, 3)) is None
+    assert committer.held_payload(Bookmark("orders", 0, 5)) is not None  # the next window's
