@@ -3,10 +3,10 @@
 Every batch is journaled, and its deliveries sent, on its own (broker.service.commit); the
 state the batches leave is written to RocksDB once per window: every WINDOW_MS, or
 WINDOW_TRANSITIONS transitions, or WINDOW_ARRIVALS messages queued, and whenever the service
-falls idle or stops. The write holds
-the union of the keys the window's batches touched, each as the window left it, so a message
-leased and acked inside one window costs one delete, not a lease row and then a delete; a
-lease lives about a tenth of a second under load, shorter than a window.
+falls idle or stops. The write holds the union of the keys the window's batches touched,
+each as the window left it, so a message leased and acked inside one window costs one
+delete, not a lease row and then a delete; a lease lives about a tenth of a second under
+load, shorter than a window.
 
 Two rules keep recovery exact:
 - The rows are encoded from the engine right after the window's last batch was processed,

@@ -79,13 +79,17 @@ def _batch(n: int) -> tuple[Checkpoint, Outbox]:
     return cp, Outbox(deliveries=[OutRecord("kq.deliver.w1", b"lease %d" % n)])
 
 
+def _committer(broker: Broker, window: StateWindow) -> tuple[Broker, MemoryStore, Committer]:
+    store = MemoryStore()
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
+                          window=window)
+    return broker, store, committer
+
+
 @pytest.fixture
 def parts():
-    broker, store = Broker(), MemoryStore()
     # each batch's state written on its own (a window of 0 ms closes at every batch)
-    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
-                          window=StateWindow(window_ms=0))
-    return broker, store, committer
+    return _committer(Broker(), StateWindow(window_ms=0))
 
 
 def _position(store: MemoryStore) -> int | None:
@@ -194,10 +198,7 @@ class _Error:
 @pytest.fixture
 def windowed():
     """A committer whose state window is never due on its own (a clean stop closes it)."""
-    broker, store = Broker(auto=True), MemoryStore()
-    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
-                          window=StateWindow(window_ms=10**9))
-    return broker, store, committer
+    return _committer(Broker(auto=True), StateWindow(window_ms=10**9))
 
 
 def test_a_windows_batches_are_journaled_and_delivered_and_their_state_written_at_its_end(
@@ -243,9 +244,8 @@ def test_a_payload_is_read_from_memory_until_its_window_is_written(windowed):
 def test_a_burst_of_arrivals_closes_the_window_before_its_time():
     """Arrivals hold their payloads in memory until their window is written: a deep backlog
     loading must not keep a whole window's worth of them."""
-    broker, store = Broker(auto=True), MemoryStore()
-    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
-                          window=StateWindow(window_ms=10**9, max_arrivals=3))
+    _, store, committer = _committer(Broker(auto=True),
+                                     StateWindow(window_ms=10**9, max_arrivals=3))
     for n, offsets in ((1, (1, 2)), (2, (3, 4)), (3, (5,))):
         cp, outbox = _batch(n)
         for offset in offsets:
