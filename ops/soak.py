@@ -15,11 +15,13 @@ random and either kills it (-9, then restarts it) or freezes it (SIGSTOP past th
 timeout, then SIGCONT: it must wake fenced). The check adds: an owner writes at most one
 batch after a later owner's takeover marker (frozen between its fence's look and its write;
 every reader ignores the batch, and the fence stops the owner after it), none with
-`--exactly-once` (the broker refuses it). `kq journal audit` (on Spark) runs mid-run, past
-a quarter of the disturbances once MID_AUDIT_DEPTH messages are queued, else halfway (every
-queued message's state, delivery and cancel counts and holder are compared), and at the
-end (the counters): it must find no difference between the journal and the live instances
-(`--no-audit` skips it).
+`--exactly-once` (the broker refuses it). `kq journal audit` (on Spark) runs mid-run, a
+quarter of the way through the disturbances (every queued message's state, delivery and
+cancel counts and holder are compared), and at the end (the counters): it must find no
+difference between the journal and the live instances (`--no-audit` skips it). So that the
+mid-run audit has queued messages to compare however fast the service drains, the publisher
+keeps back a reserve of the messages until then, and the subscribers stop taking messages
+while it is published and audited.
 The crash tests `tests/crash/test_random_kills.py` run it small.
 
 With `--journal-retention 3m --snapshot-interval 20s` (on Apache Kafka, which applies
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import random
 import shutil
@@ -56,37 +57,11 @@ from broker.kafka import clients  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.soak_check import Report, check, committed_transitions, read_all  # noqa: E402
 from ops.soak_journal import Retention  # noqa: E402
+from ops.soak_worker import BACKLOG, BEHAVIOURS  # noqa: E402
 
-BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
-BACKLOG = 100
-MID_AUDIT_DEPTH = 1000  # queued messages that make the mid-run audit compare something
+MID_AUDIT_DEPTH = 1000  # queued messages the mid-run audit waits for
+MID_AUDIT_RESERVE = 5000  # messages published only at the mid-run audit (at most a fifth)
 SESSION_S = 3.0  # [service] session_timeout of the soak's instances
-
-
-# -- the subscriber process --------------------------------------------------------------------
-
-def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str,
-               stop_file: str) -> None:
-    from broker.client import QueueClient
-
-    # the client's warnings (a subscription dropped and made again) go to stderr: sub<i>.log
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    rnd = random.Random(log)
-    with QueueClient(bootstrap, topic_prefix=prefix) as c, open(log, "w") as out:
-        sub = c.subscribe(queue, max_backlog=BACKLOG)
-        print("subscribed", flush=True)
-        while not (os.path.exists(stop_file) and not sub.buffer):
-            for msg in sub.messages(timeout=0.5):
-                action = "ack"
-                if behaviour == "cancel-10%" and rnd.random() < 0.10:
-                    action = "cancel"
-                elif behaviour == "lapse-5%" and rnd.random() < 0.05:
-                    action = "lapse"
-                out.write(json.dumps([msg.bookmark, msg.delivery_count, action]) + "\n")
-                if action == "ack":
-                    msg.ack()
-                elif action == "cancel":
-                    msg.cancel()
 
 
 # -- orchestration -----------------------------------------------------------------------------
@@ -150,7 +125,8 @@ class Service:
 
 
 def _publish(bootstrap: str, topics: list[str], n: int, out: list[str],
-             rate: float = 0) -> None:
+             rate: float = 0, reserve: int = 0, go_on: threading.Event | None = None) -> None:
+    """`n` messages over `topics`; the last `reserve` of them only once `go_on` is set."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
 
     def report(err: Any, msg: Any) -> None:
@@ -159,6 +135,9 @@ def _publish(bootstrap: str, topics: list[str], n: int, out: list[str],
 
     began = time.monotonic()
     for i in range(n):
+        if i == n - reserve and go_on is not None:
+            p.flush(120)
+            go_on.wait()
         if rate and (ahead := began + i / rate - time.monotonic()) > 0:
             time.sleep(ahead)  # a steady rate
         while True:
@@ -209,6 +188,26 @@ def _audit(cfg: Path, report: Report, mid_run: bool = False) -> None:
     report.problems += [f"audit {when}: {d}" for d in result["differences"][:20]]
     if len(result["differences"]) > 20:
         report.problems.append(f"audit {when}: {len(result['differences'])} differences")
+
+
+def _mid_run_audit(cfg: Path, report: Report, reserve: threading.Event, hold: Path,
+                   bootstrap: str, prefix: str, topics: list[str]) -> None:
+    """The audit with messages queued: the subscribers unsubscribe (the leases they hold
+    return to the queue), the publisher's reserve goes out, and once MID_AUDIT_DEPTH
+    are queued (or 60 s passed) the journal is audited against the instances."""
+    hold.touch()
+    reserve.set()
+    try:
+        if not _wait_all_served(bootstrap, prefix, topics, 60):
+            report.problems.append("mid-run audit: some shard had no owner for 60 s")
+            return
+        deadline = time.monotonic() + 60
+        while sum(r["depth"] for r in _queue_rows(bootstrap, prefix).values()) < \
+                MID_AUDIT_DEPTH and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _audit(cfg, report, mid_run=True)
+    finally:
+        hold.unlink()
 
 
 def _wait_all_served(bootstrap: str, prefix: str, topics: list[str], seconds: float) -> bool:
@@ -267,7 +266,8 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
             raise SystemExit(f"the instances did not serve every shard; see {tmp}")
         if retention:
             retention.begin(bootstrap, f"{prefix}.journal", instances)
-        subs = [subprocess.Popen([sys.executable, __file__, "_subscriber", bootstrap, prefix,
+        subs = [subprocess.Popen([sys.executable, str(ROOT / "ops" / "soak_worker.py"),
+                                  bootstrap, prefix,
                                   topics[i % len(topics)], BEHAVIOURS[i], str(logs[i]),
                                   str(stop_file)],
                                  cwd=ROOT, stdout=subprocess.PIPE, text=True, stderr=err)
@@ -281,23 +281,22 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
             p.kill()
         stack.close()
         raise
-    report, mid_audit = Report(), audit
+    report = Report()
     published: list[str] = []
+    reserve = min(MID_AUDIT_RESERVE, messages // 5) if audit and not rate else 0
+    mid_audit = threading.Event()  # the publisher's reserve goes out
     publisher = threading.Thread(target=_publish, daemon=True,  # (joined; not when stopped)
-                                 args=(bootstrap, topics, messages, published, rate))
+                                 args=(bootstrap, topics, messages, published, rate, reserve,
+                                       mid_audit))
     publisher.start()
     try:
         for k in range(kills):
             time.sleep(rnd.uniform(min_gap, max_gap))
             _disturb(services, rnd, report, lose_state)
-            deep = mid_audit and kills // 4 <= k < kills // 2 and sum(
-                r["depth"] for r in _queue_rows(bootstrap, prefix).values()) >= MID_AUDIT_DEPTH
-            if mid_audit and (deep or k >= kills // 2):
-                mid_audit = False  # once, with the queues deep and leases out if they get so
-                if _wait_all_served(bootstrap, prefix, topics, 60):
-                    _audit(cfg, report, mid_run=True)
-                else:
-                    report.problems.append("mid-run audit: some shard had no owner for 60 s")
+            if audit and k == kills // 4:
+                _mid_run_audit(cfg, report, mid_audit, stop_file.with_name("hold"),
+                               bootstrap, prefix, topics)
+        mid_audit.set()  # (without an audit, or with fewer than 4 disturbances)
         publisher.join()
         deadline = time.monotonic() + 300
         while True:
@@ -394,7 +393,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "_subscriber":
-        subscriber(*sys.argv[2:8])
-    else:
-        main()
+    main()
