@@ -174,8 +174,7 @@ def start_service(cfg: Path, log: Path,
 
 def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600) -> None:
     """Wait until the queue's `key` count reaches `value`, asking five times a second with one
-    client: a new client for each question (Kafka connections, metadata) cost the machine
-    about 0.2 of a core more, most of it the broker's, charged to the drain it timed."""
+    client (one per question cost the broker about 0.2 of a core, charged to the drain)."""
     from broker.client import QueueClient
 
     deadline = time.monotonic() + timeout
@@ -221,6 +220,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
                             stats_dir=counted["service"])
     try:
         wait_stat(bs, prefix, queue, "enqueued", n)
+        time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # the loading's last Kafka statistics
         outs = [tmp / f"{prefix}-{i}.json" for i in range(subs)]
         spy = profiler(proc.pid, profile)
         cpu_before, machine_before = cpu_seconds(proc.pid), machine_cpu_seconds()
