@@ -20,8 +20,8 @@ quarter of the way through the disturbances (every queued message's state, deliv
 cancel counts and holder are compared), and at the end (the counters): it must find no
 difference between the journal and the live instances (`--no-audit` skips it). So that the
 mid-run audit has queued messages to compare however fast the service drains, the publisher
-keeps back a reserve of the messages until then, and the subscribers stop taking messages
-while it is published and audited.
+keeps back a reserve of the messages until then, and the subscribers unsubscribe while it
+is published and audited.
 The crash tests `tests/crash/test_random_kills.py` run it small.
 
 With `--journal-retention 3m --snapshot-interval 20s` (on Apache Kafka, which applies
@@ -57,7 +57,7 @@ from broker.kafka import clients  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.soak_check import Report, check, committed_transitions, read_all  # noqa: E402
 from ops.soak_journal import Retention  # noqa: E402
-from ops.soak_worker import BACKLOG, BEHAVIOURS  # noqa: E402
+from ops.soak_worker import BACKLOG, BEHAVIOURS, hold_file_of  # noqa: E402
 
 MID_AUDIT_DEPTH = 1000  # queued messages the mid-run audit waits for
 MID_AUDIT_RESERVE = 5000  # messages published only at the mid-run audit (at most a fifth)
@@ -294,7 +294,7 @@ def run(bootstrap: str, messages: int, kills: int, tmp: Path,
             time.sleep(rnd.uniform(min_gap, max_gap))
             _disturb(services, rnd, report, lose_state)
             if audit and k == kills // 4:
-                _mid_run_audit(cfg, report, mid_audit, stop_file.with_name("hold"),
+                _mid_run_audit(cfg, report, mid_audit, hold_file_of(stop_file),
                                bootstrap, prefix, topics)
         mid_audit.set()  # (without an audit, or with fewer than 4 disturbances)
         publisher.join()

@@ -24,6 +24,11 @@ BEHAVIOURS = ("ack", "cancel-10%", "lapse-5%", "ack")
 BACKLOG = 100
 
 
+def hold_file_of(stop_file: str | Path) -> Path:
+    """Where the soak asks its subscribers to hold off: beside the stop file."""
+    return Path(stop_file).with_name("hold")
+
+
 def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str,
                stop_file: str) -> None:
     from broker.client import QueueClient
@@ -34,7 +39,7 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
     with QueueClient(bootstrap, topic_prefix=prefix) as c, open(log, "w") as out:
         sub = c.subscribe(queue, max_backlog=BACKLOG)
         print("subscribed", flush=True)
-        hold_file = Path(stop_file).with_name("hold")
+        hold_file = hold_file_of(stop_file)
         while not (os.path.exists(stop_file) and not sub.buffer):
             if hold_file.exists():  # the mid-run audit: leave the messages queued
                 sub = _held(c, sub, queue, hold_file)
@@ -50,6 +55,8 @@ def subscriber(bootstrap: str, prefix: str, queue: str, behaviour: str, log: str
                     msg.ack()
                 elif action == "cancel":
                     msg.cancel()
+                if hold_file.exists():  # (under load the messages never stop coming)
+                    break
 
 
 def _held(c: Any, sub: Any, queue: str, hold_file: Path) -> Any:
@@ -62,14 +69,11 @@ def _held(c: Any, sub: Any, queue: str, hold_file: Path) -> Any:
         sub.close()
     while hold_file.exists():
         time.sleep(0.1)
-    for attempt in range(5):
-        try:
+    for _ in range(4):  # (a shard may be between owners: tried again a second later)
+        with contextlib.suppress(KqError):
             return c.subscribe(queue, max_backlog=BACKLOG)
-        except KqError:
-            if attempt == 4:
-                raise
-            time.sleep(1)
-    raise AssertionError("unreachable")
+        time.sleep(1)
+    return c.subscribe(queue, max_backlog=BACKLOG)
 
 
 if __name__ == "__main__":
