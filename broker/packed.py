@@ -21,9 +21,14 @@ from collections.abc import Iterable
 from itertools import accumulate
 from typing import Any, Final
 
+from mypy_extensions import i64
+
 PAYLOAD_TAG: Final = b"\xc3\x03"
 _HEAD: Final = struct.Struct("<2sqiiH")
 _HEADER: Final = struct.Struct("<Hi")
+_HEAD_SIZE: Final = 20  # (_HEAD.size and _HEADER.size, as constants: checked below)
+_HEADER_SIZE: Final = 6
+assert _HEAD.size == _HEAD_SIZE and _HEADER.size == _HEADER_SIZE
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -39,15 +44,17 @@ def pack_payload(key: bytes | None, value: bytes | None, headers: Headers,
     return b"".join(parts)
 
 
-def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | None, Headers, int]:
+def unpack_payload(data: bytes, start: i64 = 0) -> tuple[bytes | None, bytes | None, Headers, int]:
     """(key, value, headers, timestamp_ms) of the packed payload at `start` of `data` (a
-    delivery envelope's blob holds many: read in place, each part sliced once). Its numbers
-    are read byte by byte: compiled, an index is a load, where `Struct.unpack_from` is a call
-    through Python that builds a tuple (a worker reads one payload per message)."""
+    delivery envelope's blob holds many: read in place, each part sliced once). Runs once
+    per message in a worker and per message paged in by the service: its numbers are read
+    byte by byte as 64-bit machine integers (compiled, an index is a load and the shifts are
+    instructions, where `Struct.unpack_from` is a call through Python that builds a tuple),
+    and its sizes are constants (a Struct's `size` is an attribute lookup)."""
     ts = _int32(data, start + 6) << 32 | _uint32(data, start + 2)
     klen, vlen = _int32(data, start + 10), _int32(data, start + 14)
-    count = data[start + 18] | data[start + 19] << 8
-    pos = start + _HEAD.size
+    count = _uint16(data, start + 18)
+    pos = start + _HEAD_SIZE
     key = value = None
     if klen >= 0:
         key = data[pos:pos + klen]
@@ -57,8 +64,8 @@ def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | N
         pos += vlen
     headers: Headers = []
     for _ in range(count):
-        nlen, hlen = data[pos] | data[pos + 1] << 8, _int32(data, pos + 2)
-        pos += _HEADER.size
+        nlen, hlen = _uint16(data, pos), _int32(data, pos + 2)
+        pos += _HEADER_SIZE
         name = data[pos:pos + nlen].decode()
         pos += nlen
         header = None
@@ -69,13 +76,23 @@ def unpack_payload(data: bytes, start: int = 0) -> tuple[bytes | None, bytes | N
     return key, value, headers, ts
 
 
-def _uint32(data: bytes, pos: int) -> int:
-    return data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16 | data[pos + 3] << 24
+def _uint16(data: bytes, pos: i64) -> i64:
+    low: i64 = data[pos]
+    high: i64 = data[pos + 1]
+    return low | high << 8
 
 
-def _int32(data: bytes, pos: int) -> int:
+def _uint32(data: bytes, pos: i64) -> i64:
+    b0: i64 = data[pos]
+    b1: i64 = data[pos + 1]
+    b2: i64 = data[pos + 2]
+    b3: i64 = data[pos + 3]
+    return b0 | b1 << 8 | b2 << 16 | b3 << 24
+
+
+def _int32(data: bytes, pos: i64) -> i64:
     n = _uint32(data, pos)
-    return n - (1 << 32) if n >= 1 << 31 else n
+    return n - 0x1_0000_0000 if n >= 0x8000_0000 else n
 
 
 def is_packed_payload(data: bytes) -> bool:

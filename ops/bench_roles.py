@@ -151,7 +151,8 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
     from confluent_kafka import ShareConsumer
 
     c = ShareConsumer({"bootstrap.servers": bs, "group.id": group,
-                       "share.acknowledgement.mode": "explicit", "fetch.wait.max.ms": 10})
+                       "share.acknowledgement.mode": "explicit", "fetch.wait.max.ms": 10,
+                       **stats.settings()})  # (counted as kq's and the relay's workers are)
     c.subscribe([topic])
     lat: list[float] = []
     first = last = 0.0

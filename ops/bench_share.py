@@ -11,7 +11,9 @@ import uuid
 from pathlib import Path
 
 from broker.kafka import clients
+from broker.kafka import stats as kafka_stats
 from ops.bench import broker_cpu, latency, machine_cpu_seconds, per_msg, spawn
+from ops.bench_kafka import kafka_per_msg
 from ops.bench_roles import publish
 
 
@@ -26,12 +28,13 @@ def share_group(bs: str, group: str) -> None:
         future.result(30)
 
 
-def share_members(bs: str, group: str, topic: str, subs: int,
-                  tmp: Path) -> tuple[list[subprocess.Popen[bytes]], list[Path], list[Path]]:
+def share_members(bs: str, group: str, topic: str, subs: int, tmp: Path,
+                  stats_dir: Path | None = None,
+                  ) -> tuple[list[subprocess.Popen[bytes]], list[Path], list[Path]]:
     outs = [tmp / f"{group}-{i}.json" for i in range(subs)]
     ready = [tmp / f"{group}-{i}.ready" for i in range(subs)]
-    return ([spawn("_share_sub", bs, group, topic, str(outs[i]), str(ready[i]))
-             for i in range(subs)], outs, ready)
+    return ([spawn("_share_sub", bs, group, topic, str(outs[i]), str(ready[i]),
+                   stats_dir=stats_dir) for i in range(subs)], outs, ready)
 
 
 def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, float]:
@@ -43,11 +46,13 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     publish(bs, run, n)
     broker_before, machine_before = broker_cpu(bs), machine_cpu_seconds()
     start = time.time()
-    members, outs, _ = share_members(bs, run, run, subs, tmp)
-    for m in members:
+    counted = tmp / f"{run}-kafka-subscribers"
+    members, outs, _ = share_members(bs, run, run, subs, tmp, counted)
+    for m in members:  # (each idles 3 s at the end: its last Kafka statistics are written)
         m.wait()
     machine_s = machine_cpu_seconds() - machine_before
     broker_s = broker_cpu(bs) - broker_before
+    kafka = kafka_per_msg({"subscribers": (kafka_stats.totals([]), kafka_stats.read(counted))}, n)
     got = [json.loads(o.read_text()) for o in outs]
     delivered = sum(g["count"] for g in got)
     if delivered < n:
@@ -71,4 +76,4 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
            "machine": machine_s}
     return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
             "first_delivery_s": first - start, "redelivered": delivered - n,
-            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n)}
+            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n), "kafka_per_msg": kafka}

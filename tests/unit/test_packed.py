@@ -8,6 +8,7 @@ from broker import wire
 from broker.client.message import unpack_deliveries
 from broker.engine.queue import Message
 from broker.engine.states import MessageState
+from broker.packed import unpack_payload
 from broker.service.envelopes import Envelopes
 from broker.state.layout import (
     Payload,
@@ -26,9 +27,17 @@ BM = Bookmark("ORDERS", 2, 41)
     Payload(None, None, [], 0),
     Payload(b"k", b'{"a": 1}', [], 1_700_000_000_123),
     Payload(b"", b"", [("kq-priority", b"7"), ("empty", None), ("naïve", b"\x00\xff")], -5),
+    Payload(b"k" * 70_000, b"v" * 300, [("n" * 300, b"z" * 66_000)], 2**62),  # every byte used
+    Payload(None, b"x", [], -(2**62)),
 ])
 def test_a_stored_payload_reads_back_as_written(payload):
     assert Payload.decode(payload.encode()) == payload
+
+
+def test_a_payload_cut_short_in_its_head_is_refused():
+    """(the client drops such an envelope on IndexError; the numbers are read byte by byte)"""
+    with pytest.raises(IndexError):
+        unpack_payload(Payload(b"k", b"v", [("h", b"1")], 9).encode()[:15])
 
 
 def test_a_payload_stored_by_an_earlier_kq_as_avro_is_still_read():
