@@ -1,66 +1,63 @@
-"""Acks batched per queue: `msg.ack()` keeps one here, and they leave together as one command
-per queue (packed: broker/client/core.py's `ack_command`) once half the subscription's
-backlog is kept, so that the service refills that half while the other is worked on.
+"""Acks batched: `msg.ack()` keeps the message here, and the acks kept leave together as one
+command per queue (packed: broker/client/core.py's `ack_command`) once as many are kept as
+half the backlog of the queue acked (its smallest subscription's), so that the service refills
+that half while the other is worked on.
 
-Runs once per message: compiled, its calls are native, and its lock is taken with `acquire`
-and `release` rather than `with` (which looks up and calls __enter__ and __exit__ through
-Python).
+Keeping runs once per message, from any of a worker's threads, so it takes no lock: it is one
+`list.append`, which Python makes atomic, of the message itself (which carries its queue,
+bookmark and delivery count: nothing is built). Taking is rarer and takes a lock, so that two
+takers never send one ack twice: it cuts the first n messages kept off the list, and messages
+appended meanwhile land after them. (A lock taken per ack cost a worker more than everything
+else it does to keep one: two method calls through Python, compiled or not.)
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from broker.client.message import Message
 
 ACK_BATCH: Final = 500  # acks carried by one command at most
-
-
-class _Kept:
-    """One queue's acks kept: each bookmark with the delivery count of the delivery it
-    answers; due once `due` are kept."""
-
-    def __init__(self, due: int) -> None:
-        self.due = due
-        self.bookmarks: list[str] = []
-        self.counts: list[int] = []
 
 
 class AckBatches:
     """Thread-safe: a worker's handlers ack from several threads while one reads."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: dict[str, _Kept] = {}
-        self._due: dict[str, int] = {}  # per queue subscribed: half its smallest backlog
+        self._kept: list[Message] = []  # in the order acked
+        self._taking = threading.Lock()
+        # per queue subscribed: half its smallest backlog, at most ACK_BATCH (1: not subscribed)
+        self._due: dict[str, int] = {}
 
     def subscribed(self, queue: str, smallest_backlog: int) -> None:
-        with self._lock:
-            self._due[queue] = max(1, smallest_backlog // 2)
+        self._due[queue] = min(ACK_BATCH, max(1, smallest_backlog // 2))
 
-    def keep(self, queue: str, bookmark: str, delivery_count: int) -> bool:
-        """Keep one ack; True when the queue's acks should go now (a full command, or half
-        the backlog)."""
-        self._lock.acquire()
-        try:
-            kept = self._kept.get(queue)
-            if kept is None:
-                kept = self._kept[queue] = _Kept(min(ACK_BATCH, self._due.get(queue, 1)))
-            kept.bookmarks.append(bookmark)
-            kept.counts.append(delivery_count)
-            return len(kept.bookmarks) >= kept.due
-        finally:
-            self._lock.release()
+    def keep(self, msg: Message) -> bool:
+        """Keep one ack; True when the acks kept should go now."""
+        kept = self._kept
+        kept.append(msg)
+        return len(kept) >= self._due.get(msg.queue, 1)
 
     def pending(self) -> bool:
-        """Whether any ack is kept (read without the lock: a heartbeat's hint only)."""
+        """Whether any ack is kept."""
         return bool(self._kept)
 
     def take(self) -> list[tuple[str, list[str], list[int]]]:
-        """Every ack kept, as (queue, bookmarks, delivery counts), at most ACK_BATCH each."""
-        self._lock.acquire()
-        try:
-            kept, self._kept = self._kept, {}
-        finally:
-            self._lock.release()
-        return [(queue, k.bookmarks[i:i + ACK_BATCH], k.counts[i:i + ACK_BATCH])
-                for queue, k in kept.items() for i in range(0, len(k.bookmarks), ACK_BATCH)]
+        """Every ack kept, as (queue, bookmarks, delivery counts) in the order acked, at most
+        ACK_BATCH each."""
+        with self._taking:
+            n = len(self._kept)
+            taken = self._kept[:n]
+            del self._kept[:n]
+        by_queue: dict[str, tuple[list[str], list[int]]] = {}
+        for msg in taken:
+            columns = by_queue.get(msg.queue)
+            if columns is None:
+                columns = by_queue[msg.queue] = ([], [])
+            columns[0].append(msg.bookmark)
+            columns[1].append(msg.delivery_count)
+        return [(queue, bookmarks[i:i + ACK_BATCH], counts[i:i + ACK_BATCH])
+                for queue, (bookmarks, counts) in by_queue.items()
+                for i in range(0, len(bookmarks), ACK_BATCH)]

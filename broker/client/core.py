@@ -172,7 +172,7 @@ class ClientCore:
         """Keep an ack for the next batch; True when the acks kept should go now."""
         if self.closed:
             self.check_open()
-        return self.acks.keep(msg.queue, msg.bookmark, msg.delivery_count)
+        return self.acks.keep(msg)
 
     def check_open(self) -> None:
         """Raise if the client was closed: its leases went back at the close, and an ack

@@ -2,6 +2,9 @@
 the service sends, and however acks are interleaved, each delivery is handed out once, each
 ack goes out once with the delivery it answers, and a reply in chunks is whole."""
 
+import sys
+import threading
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -128,6 +131,44 @@ def test_every_ack_goes_out_once_with_its_delivery_count(acks, takes_at):
     for queue in ("Q", "R"):  # each queue's acks keep their order
         assert [x for x in out if x[0] == queue] == [
             (q, f"T/0/{o}", n) for q, o, n in acks if q == queue]
+
+
+def test_acks_from_many_threads_while_another_takes_go_out_once_each():
+    """Keeping an ack takes no lock (one atomic list append): none is lost or sent twice
+    while handler threads ack and a reader takes the batches due."""
+    core, sub = _core()
+    core.subscribed(sub, {"backlog": 40})
+    sent: list[dict] = []
+    done = threading.Event()
+
+    def take() -> None:
+        while not done.is_set():
+            sent.extend(wire.decode("command", o.value) for o in core.take_acks())
+
+    def handle(worker: int) -> None:
+        for i in range(3000):
+            core.ack(Message("Q", f"T/{worker}/{i}", None, None, [], 1 + i % 3, None, False, 0,
+                             None))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between almost any two steps
+    try:
+        reader = threading.Thread(target=take)
+        reader.start()
+        handlers = [threading.Thread(target=handle, args=(w,)) for w in range(4)]
+        for t in handlers:
+            t.start()
+        for t in handlers:
+            t.join()
+        done.set()
+        reader.join()
+    finally:
+        sys.setswitchinterval(interval)
+    sent.extend(wire.decode("command", o.value) for o in core.take_acks())
+    out = [(b, n) for c in sent for b, n in acked(c)]
+    assert sorted(out) == sorted((f"T/{w}/{i}", 1 + i % 3) for w in range(4) for i in range(3000))
+    for w in range(4):  # each thread's acks in the order it made them
+        assert [b for b, _ in out if b.startswith(f"T/{w}/")] == [f"T/{w}/{i}" for i in range(3000)]
 
 
 @given(st.permutations(range(4)), st.lists(st.integers(), min_size=1, max_size=20))
