@@ -18,7 +18,6 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable
-from itertools import accumulate
 from typing import Any, Final
 
 from mypy_extensions import i64
@@ -160,11 +159,6 @@ def unpack_array(code: str, raw: bytes) -> array[Any]:
     if sys.byteorder == "big":
         a.byteswap()
     return a
-
-
-def starts(sizes: Iterable[int]) -> list[int]:
-    """Where each of consecutive pieces of these sizes starts in their blob."""
-    return [0, *accumulate(sizes)][:-1]
 
 
 # -- delivery envelopes ------------------------------------------------------------------------

@@ -343,14 +343,17 @@ class ClientCore:
         sub = self.subs.get(sub_id)
         if sub is None:  # a delivery for a subscription of an earlier life of this name
             return
-        bookmarks, counts, deadlines, seqs, barriers, offsets, blob = read_columns(batch)
+        bookmarks, counts, deadlines, seqs, barriers, sizes, blob = read_columns(batch)
         make, owner, browsed, schema = self.message, self.owner, sub.mode == "browse", sub.schema
         # the sync client's messages: built by a direct call when compiled, and their acks
         # batched here without a call through the client (the async ones' are coroutines)
         native = make is Message
         received, fresh = sub.received, []
+        start = 0  # where the next payload starts in the blob: each follows the one before
         with self._lock:
             for i, bookmark in enumerate(bookmarks):
+                at = start
+                start += sizes[i]
                 # After a crash the service sends its last leases again, not knowing whether
                 # they went out: a copy of one already received (same message, same delivery
                 # count) is dropped, and so is one older than a delivery received (its lease
@@ -363,7 +366,7 @@ class ClientCore:
                         continue
                     del received[bookmark]  # delivered again: now among the latest
                 received[bookmark] = seen
-                key, value, headers, ts = unpack_payload(blob, offsets[i])
+                key, value, headers, ts = unpack_payload(blob, at)
                 deadline = deadlines[i] / 1000 if deadlines[i] else None
                 # by position, in Message's order: keywords cost a dict per message (2.7
                 # times as long to build one, compiled)

@@ -14,7 +14,6 @@ from broker.packed import (
     Headers,
     delivery_batch,
     pack_payload,
-    starts,
     unpack_array,
     unpack_payload,
 )
@@ -120,7 +119,7 @@ class Message:
 Delivery = tuple[str, int, int | None, bool, int, bytes | None, bytes | None, Headers, int]
 
 # A `messages` envelope's columns, read (`read_columns`): bookmarks, delivery counts, lease
-# deadlines (ms, 0: none), seqs, barrier flags (a byte each), where each payload starts in the
+# deadlines (ms, 0: none), seqs, barrier flags (a byte each), each payload's size in the
 # payloads' blob, and the blob
 Columns = tuple[list[str], list[int], list[int], list[int], bytes, list[int], bytes]
 
@@ -134,18 +133,20 @@ def read_columns(batch: dict[str, Any]) -> Columns:
     deadlines: list[int] = unpack_array("q", batch["lease_deadlines"]).tolist()
     seqs: list[int] = unpack_array("q", batch["seqs"]).tolist()
     barriers: bytes = batch["barriers"]
-    offsets = starts(unpack_array("i", batch["payload_sizes"]))
+    sizes: list[int] = unpack_array("i", batch["payload_sizes"]).tolist()
     if not (len(bookmarks) == len(counts) == len(deadlines) == len(seqs) == len(barriers)
-            == len(offsets)):
+            == len(sizes)):
         raise ValueError("a messages envelope whose columns differ in length")
-    return bookmarks, counts, deadlines, seqs, barriers, offsets, batch["payloads"]
+    return bookmarks, counts, deadlines, seqs, barriers, sizes, batch["payloads"]
 
 
 def unpack_deliveries(batch: dict[str, Any]) -> Iterator[Delivery]:
     """The deliveries of a `messages` envelope's batch, one tuple each."""
-    bookmarks, counts, deadlines, seqs, barriers, offsets, blob = read_columns(batch)
+    bookmarks, counts, deadlines, seqs, barriers, sizes, blob = read_columns(batch)
+    start = 0  # where the payload starts in the blob: each follows the one before
     for i, bookmark in enumerate(bookmarks):
-        key, value, headers, ts = unpack_payload(blob, offsets[i])
+        key, value, headers, ts = unpack_payload(blob, start)
+        start += sizes[i]
         yield (bookmark, counts[i], deadlines[i] or None, bool(barriers[i]), seqs[i], key, value,
                headers, ts)
 

@@ -43,6 +43,20 @@ def test_each_delivery_is_handed_out_once_in_arrival_order(sent):
     assert [(int(m.bookmark.rsplit("/", 1)[1]), m.delivery_count) for m in sub.buffer] == expected
 
 
+def test_a_copy_dropped_inside_an_envelope_leaves_the_others_their_own_payloads():
+    core, sub = _core()
+
+    def delivery(offset: int) -> tuple:
+        return (f"T/0/{offset}", 1, None, False, offset, b"k" * offset, b"v%d" % offset,
+                [("h", b"%d" % offset)] * (offset % 2), offset)
+
+    core._deliver("s1", "Q", "json", batch_of([delivery(1), delivery(2)]))
+    core._deliver("s1", "Q", "json", batch_of([delivery(2), delivery(3), delivery(1),
+                                               delivery(4)]))
+    assert [(m.bookmark, m.key, m.value, m.headers) for m in sub.buffer] == [
+        (f"T/0/{o}", b"k" * o, b"v%d" % o, [("h", b"%d" % o)] * (o % 2)) for o in (1, 2, 3, 4)]
+
+
 def test_a_message_enqueued_again_is_handed_out_again():
     core, sub = _core()
     for seq in (1, 1, 7, 7):  # the same bookmark, enqueued again with a later arrival number
