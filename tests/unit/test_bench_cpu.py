@@ -15,3 +15,10 @@ def test_the_service_path_acks_every_message_it_was_given():
 
 def test_the_client_path_hands_out_every_delivery_once():
     assert bench_cpu.client_drain(600, backlog=10)() == 600
+
+
+def test_one_path_runs_alone_when_asked():
+    """(`--path client` under callgrind counts the client's instructions only)"""
+    assert set(bench_cpu.main(["--messages", "200", "--path", "client"])) == {"client_us_per_msg"}
+    assert set(bench_cpu.main(["--messages", "200"])) == {"service_us_per_msg",
+                                                          "client_us_per_msg"}
