@@ -323,7 +323,7 @@ def main() -> None:
                          "both run the same way")
     ap.add_argument("--warmup", type=int, default=None, metavar="N",
                     help="first run every kind of traffic measured (raw, share, kq) with N "
-                         "messages, unmeasured, and wait for the broker's JIT compilers to "
+                         "messages, twice in turn, unmeasured, and wait for the JIT to "
                          "finish, so that no phase pays for the JVM's warm-up (default "
                          "--messages on Apache Kafka, 0 on the embedded broker)")
     ap.add_argument("--json", action="store_true")
