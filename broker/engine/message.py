@@ -142,8 +142,13 @@ class Ascending:
         return len(self._values) - self._head
 
     def append(self, value: int) -> None:
+        """Add VALUE, above `last()`; with none wanted left, any value starts the column
+        afresh (a queue read again from an earlier offset: its base may be below the old)."""
         values = self._values
-        if not values:
+        if self._head == len(values):
+            if values:
+                values = self._values = array("I")
+                self._head = 0
             self._base = value
         step = value - self._base
         if step > 0xFFFF_FFFF and values.typecode == "I":

@@ -37,7 +37,7 @@ def rig(bootstrap, tmp_path):
 
         def bookmarks(self) -> list[str]:
             out = kq("inspect", name, "--config", str(self.cfg), "--json")
-            assert out.returncode == 0, out.stderr
+            assert out.returncode == 0, out.stderr + self.serve.log_path.read_text()[-3000:]
             return [m["bookmark"] for m in json.loads(out.stdout)["messages"]]
 
     r = Rig()

@@ -93,6 +93,24 @@ def test_changing_the_recovery_point_removes_everything_and_marks_a_reset():
     assert q.messages == {} and q.start_ms == 1_767_225_600_000
 
 
+def test_a_queue_read_again_from_an_earlier_offset_after_its_recovery_point_moved_on():
+    # Once the recovery point had passed every message left after a reset, the next arrival
+    # (an earlier offset: the queue starts again from the beginning) crashed the service.
+    from broker.service.queries import recovery_points
+
+    h = Harness(queue(semantics="at-most-once"))
+    h.handle(ev.Configured("Q", "earliest", 0))
+    h.offset = 5
+    h.publish(2)
+    h.handle(ev.Configured("Q", "2026-01-01T00:00:00Z", 0))
+    q = h.engine.queue("Q")
+    assert recovery_points(q, {}) == {}  # the removed ones passed
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 0), h.now))
+    h.handle(ev.MessageArrived("Q", Bookmark("T", 0, 1), h.now))
+    assert [str(b) for b in q.messages] == ["T/0/0", "T/0/1"]
+    assert recovery_points(q, {}) == {("T", 0): 0}
+
+
 def test_the_service_and_the_cli_start_without_spark():
     """`kq serve` and every command but report, audit and replay --engine spark must not pay
     for Spark (nor need it installed)."""

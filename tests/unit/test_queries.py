@@ -4,6 +4,7 @@ poll must not stall a service that holds a million messages (it has one thread).
 import random
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -159,3 +160,14 @@ def test_an_offsets_column_costs_4_bytes_per_offset():
     size, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert size / 100_000 < 5 and column.last() == 10**12 + 99_999
+
+
+@pytest.mark.parametrize("old", [[5, 6], [2**40, 2**40 + 2**33]], ids=["4-byte", "8-byte"])
+def test_an_offsets_column_whose_values_were_all_passed_starts_again_at_any_value(old):
+    from broker.engine.message import Ascending
+
+    column = Ascending(old)
+    assert column.first(lambda o: False) is None and column.last() is None
+    column.append(3)  # below the old base: a queue read again from the start
+    column.append(4)
+    assert column.last() == 4 and column.first(lambda o: True) == 3 and len(column) == 2
