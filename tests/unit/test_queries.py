@@ -5,7 +5,7 @@ import random
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from broker.engine import events as ev
@@ -171,3 +171,40 @@ def test_an_offsets_column_whose_values_were_all_passed_starts_again_at_any_valu
     column.append(3)  # below the old base: a queue read again from the start
     column.append(4)
     assert column.last() == 4 and column.first(lambda o: True) == 3 and len(column) == 2
+
+
+@given(st.lists(st.tuples(st.sampled_from(["read", "ack", "point", "reset"]),
+                          st.integers(1, 6)), max_size=60))
+# all acked, the point passed them all, then read again from before them (the CI failure)
+@example([("read", 3), ("reset", 3), ("read", 1), ("ack", 1), ("point", 1), ("reset", 1),
+          ("read", 1)])
+def test_recovery_points_follow_reads_acks_and_resets_in_any_order(steps):
+    # The recovery point is the lowest offset still in the queue; a reset (a changed
+    # recovery point) empties the queue and reads the partition again from where the new
+    # point says (a time: any offset, before or after those read so far).
+    from broker.service.queries import recovery_points
+
+    h = Harness(queue())
+    points = ["earliest", "2020-01-01T00:00:00Z"]
+    h.handle(ev.Configured("Q", points[0], 0))
+    h.handle(ev.Subscribed("w", "w-Q", "Q", 1000, "r1"))
+    q, read, resets = h.engine.queue("Q"), 0, 0
+    for op, n in steps:
+        if op == "read":  # the next n records of the partition
+            for offset in range(read, read + n):
+                h.handle(ev.MessageArrived("Q", Bookmark("T", 0, offset), h.now))
+            read += n
+        elif op == "ack":  # the n oldest leases, or every n-th one
+            leased = sorted(b for b, m in q.messages.items() if m.holder == "w-Q")
+            if leased:
+                h.ack("w", *leased[::n], queue="Q")
+        elif op == "point":
+            left = [b.offset for b in q.messages]
+            assert recovery_points(q, {}) == ({("T", 0): min(left)} if left else {})
+        else:
+            resets += 1
+            h.handle(ev.Configured("Q", points[resets % 2], 0))
+            assert q.messages == {}
+            read = n - 1
+    left = [b.offset for b in q.messages]
+    assert recovery_points(q, {}) == ({("T", 0): min(left)} if left else {})
