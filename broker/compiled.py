@@ -23,6 +23,7 @@ SOURCES = [
     "broker/engine",
     "broker/state",
     "broker/values.py",
+    "broker/avro_binary.py",
     "broker/packed.py",
     "broker/kafka/records.py",
     "broker/service/coalesce.py",

@@ -42,7 +42,8 @@ def schema(name: str) -> Any:
 
 
 @cache
-def _header(name: str) -> bytes:
+def header(name: str) -> bytes:
+    """What a record of `name` starts with: the marker and its schema's fingerprint."""
     return MARKER + _fingerprint_of(schema(name))
 
 
@@ -59,7 +60,7 @@ def versions(name: str) -> dict[bytes, Any]:
 
 def encode(name: str, record: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
-    buf.write(_header(name))
+    buf.write(header(name))
     fastavro.schemaless_writer(buf, schema(name), record)
     return buf.getvalue()
 

@@ -1,7 +1,7 @@
 """CPU per message of kq's own code, without Kafka: the service's path and the client's.
 
     python ops/bench_cpu.py [--messages 40000] [--backlog 100] [--profile service|client]
-                            [--path service|client]
+                            [--path service|client|steady]
 
 service  N messages arrive at one queue (state in RocksDB, most of the queue paged out, as in
          `ops/bench.py`), then 4 subscribers with max_backlog B ack what they are given, half
@@ -10,6 +10,10 @@ service  N messages arrive at one queue (state in RocksDB, most of the queue pag
          acknowledges at once. Arrivals are not counted; the drain is.
 client   the same number of deliveries in envelopes of B/2 (as the service sends them to a
          worker holding B) received, handed out and acked through the client's core.
+steady   the service's path at a steady rate the workers keep up with (`--path steady`): N
+         messages arrive STEADY_BATCH to a batch, each batch also carrying the acks of what
+         the one before delivered, so a message is queued, leased and acked within a state
+         write's window, as at `ops/bench.py --rate 5000`. Its arrival is counted.
 
 `ops/bench.py` measures the same paths with Kafka in between; the difference is the cost of
 the Kafka clients and of waiting. `--profile` prints the functions where the time goes
@@ -40,13 +44,14 @@ from broker.service.envelopes import Envelopes  # noqa: E402
 from broker.service.inputs import Inputs  # noqa: E402
 from broker.service.memory import calm_collector  # noqa: E402
 from broker.service.service import Service, _Batch  # noqa: E402
-from broker.state.layout import Payload  # noqa: E402
 from broker.state.pager import RocksPager  # noqa: E402
+from broker.state.payload import Payload  # noqa: E402
 from broker.state.rocks import RocksStore  # noqa: E402
 from broker.values import Bookmark  # noqa: E402
 
 SUBSCRIBERS = 4
 PAD = b"x" * 40  # payloads of about the benchmark's size
+STEADY_BATCH = 50  # arrivals per loop turn at 5,000 msgs/s, a turn every 10 ms
 
 
 class _Kafka:
@@ -145,19 +150,16 @@ def _batch(svc: Service) -> _Batch:
     return batch
 
 
-def service_drain(messages: int, backlog: int) -> Callable[[], int]:
-    """Arrivals and subscriptions done; returns the drain to time."""
-    svc, delivered = _service(Path(tempfile.mkdtemp(prefix="kq-bench-cpu-")))
-    now = int(time.time() * 1000)
-    for start in range(0, messages, 1000):
-        batch = _batch(svc)
-        for offset in range(start, min(messages, start + 1000)):
-            value = b'{"n": %d, "pad": "%s"}' % (offset, PAD)
-            batch.cp.positions[("Q", "T", 0)] = offset + 1
-            svc._source_record(_record("T", value, offset), Bookmark("T", 0, offset), ["Q"],
-                               now, batch)
-        svc._commit(batch, 1000)
-    svc._committer.flush_held()
+def _arrive(svc: Service, batch: _Batch, start: int, end: int, now: int) -> None:
+    for offset in range(start, end):
+        value = b'{"n": %d, "pad": "%s"}' % (offset, PAD)
+        batch.cp.positions[("Q", "T", 0)] = offset + 1
+        svc._source_record(_record("T", value, offset), Bookmark("T", 0, offset), ["Q"],
+                           now, batch)
+
+
+def _subscribed(svc: Service, backlog: int, now: int,
+                delivered: dict[str, list[tuple[str, int]]]) -> list[ClientCore]:
     workers = [ClientCore(f"w{i}", "") for i in range(SUBSCRIBERS)]
     batch = _batch(svc)
     for i, w in enumerate(workers):
@@ -167,26 +169,71 @@ def service_drain(messages: int, backlog: int) -> Callable[[], int]:
     svc._run(ev.Tick(), now, batch)
     _commit(svc, batch, SUBSCRIBERS, delivered)
     svc._committer.flush_held()
+    return workers
+
+
+def _acks(svc: Service, batch: _Batch, workers: list[ClientCore], most: int, now: int,
+          delivered: dict[str, list[tuple[str, int]]]) -> tuple[int, int]:
+    """Each worker acks up to `most` of what it was given: (commands, messages acked)."""
+    commands = acked = 0
+    for i, w in enumerate(workers):
+        held = delivered.get(f"s{i}", [])
+        done, delivered[f"s{i}"] = held[:most], held[most:]
+        if not done:
+            continue
+        for out in w.ack_command("Q", [b for b, _ in done], [n for _, n in done]):
+            svc._command(_record("kq.commands", out.value), None, now, batch)
+            commands += 1
+        acked += len(done)
+    return commands, acked
+
+
+def service_drain(messages: int, backlog: int) -> Callable[[], int]:
+    """Arrivals and subscriptions done; returns the drain to time."""
+    svc, delivered = _service(Path(tempfile.mkdtemp(prefix="kq-bench-cpu-")))
+    now = int(time.time() * 1000)
+    for start in range(0, messages, 1000):
+        batch = _batch(svc)
+        _arrive(svc, batch, start, min(messages, start + 1000), now)
+        svc._commit(batch, 1000)
+    svc._committer.flush_held()
+    workers = _subscribed(svc, backlog, now, delivered)
 
     def drain() -> int:
         acked = 0
         while acked < messages:
-            batch, commands = _batch(svc), 0
-            for i, w in enumerate(workers):
-                held = delivered.get(f"s{i}", [])
-                done, delivered[f"s{i}"] = held[:backlog // 2], held[backlog // 2:]
-                if not done:
-                    continue
-                for out in w.ack_command("Q", [b for b, _ in done], [n for _, n in done]):
-                    svc._command(_record("kq.commands", out.value), None, now, batch)
-                    commands += 1
-                acked += len(done)
+            batch = _batch(svc)
+            commands, n = _acks(svc, batch, workers, backlog // 2, now, delivered)
+            acked += n
             if not commands:
                 raise SystemExit(f"nothing delivered after {acked} acks")
             _commit(svc, batch, commands, delivered)
         svc._committer.flush_held()
         return acked
     return drain
+
+
+def service_steady(messages: int, backlog: int) -> Callable[[], int]:
+    """Subscriptions done; returns the steady run to time (arrivals and acks together)."""
+    svc, delivered = _service(Path(tempfile.mkdtemp(prefix="kq-bench-cpu-")))
+    now = int(time.time() * 1000)
+    workers = _subscribed(svc, backlog, now, delivered)
+
+    def steady() -> int:
+        arrived = acked = 0
+        while acked < messages:
+            batch = _batch(svc)
+            commands, n = _acks(svc, batch, workers, backlog, now, delivered)
+            acked += n
+            end = min(messages, arrived + STEADY_BATCH)
+            _arrive(svc, batch, arrived, end, now)
+            if not commands and end == arrived:
+                raise SystemExit(f"nothing delivered after {acked} acks")
+            _commit(svc, batch, commands + end - arrived, delivered)
+            arrived = end
+        svc._committer.flush_held()
+        return acked
+    return steady
 
 
 def client_drain(messages: int, backlog: int) -> Callable[[], int]:
@@ -240,9 +287,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--messages", type=int, default=40_000)
     ap.add_argument("--backlog", type=int, default=100)
     ap.add_argument("--profile", choices=("service", "client"))
-    ap.add_argument("--path", choices=("service", "client"), help="run only this path")
+    ap.add_argument("--path", choices=("service", "client", "steady"),
+                    help="run only this path")
     a = ap.parse_args(argv)
     out = {}
+    if a.path == "steady":
+        out["steady_us_per_msg"] = measure(service_steady(a.messages, a.backlog),
+                                           a.profile == "service")
+        print(f"CPU per message without Kafka ({a.messages} messages at a steady rate, "
+              f"backlog {a.backlog}): kq serve {out['steady_us_per_msg']:.1f} us")
+        return out
     if a.path != "client":
         out["service_us_per_msg"] = measure(service_drain(a.messages, a.backlog),
                                             a.profile == "service")

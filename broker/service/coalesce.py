@@ -5,8 +5,9 @@ state the batches leave is written to RocksDB once per window: every WINDOW_MS, 
 WINDOW_TRANSITIONS transitions, or WINDOW_ARRIVALS messages queued, and whenever the service
 falls idle or stops. The write holds the union of the keys the window's batches touched,
 each as the window left it, so a message leased and acked inside one window costs one
-delete, not a lease row and then a delete; a lease lives about a tenth of a second under
-load, shorter than a window.
+delete, not a lease row and then a delete (a lease lives about a tenth of a second under
+load, shorter than a window), and one queued, leased and acked inside it costs nothing
+(`Checkpoint.changes`).
 
 Two rules keep recovery exact:
 - The rows are encoded from the engine right after the window's last batch was processed,
@@ -28,7 +29,8 @@ import time
 from typing import Final
 
 from broker.engine.engine import Engine
-from broker.state.layout import Checkpoint, Payload, StateChanges
+from broker.state.layout import Checkpoint, StateChanges
+from broker.state.payload import Payload
 from broker.values import Bookmark
 
 # Long enough to hold a lease under load (~0.1 s at 18,000 msgs/s with 2,000 in flight),

@@ -13,7 +13,7 @@ from broker.engine.engine import Engine
 from broker.engine.transitions import Reason
 from broker.formats import load_schema
 from broker.service.commit import OutRecord
-from broker.state.layout import Payload
+from broker.state.payload import Payload
 from broker.values import NOTICE
 
 log = logging.getLogger("kq.service")

@@ -11,7 +11,7 @@ from broker.config import QueueConfig
 from broker.expr import Doc
 from broker.formats import decode, load_schema
 from broker.service.metrics import Metrics
-from broker.state.layout import Payload
+from broker.state.payload import Payload
 from broker.values import Bookmark
 
 DOC_CACHE = 10_000  # decoded payloads kept per shard, for filters asking again

@@ -53,8 +53,9 @@ from broker.service.snapshots import READER as SNAPSHOT_READER
 from broker.service.snapshots import SnapshotWriter
 from broker.service.swap import keep_pager
 from broker.service.topics import Topics, shard_dir
-from broker.state.layout import Checkpoint, Payload, load_meta, load_packed_payload, load_payload
+from broker.state.layout import Checkpoint, load_meta, load_packed_payload, load_payload
 from broker.state.pager import RocksPager
+from broker.state.payload import Payload
 from broker.state.store import Store
 from broker.values import Bookmark, now_ms
 

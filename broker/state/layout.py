@@ -46,9 +46,8 @@ from broker.packed import (
     WIDE,
     WIDE_TAG,
     is_packed_payload,
-    pack_payload,
-    unpack_payload,
 )
+from broker.state.payload import Payload
 from broker.state.store import Store
 from broker.values import Bookmark
 
@@ -85,42 +84,6 @@ ReaderKey = tuple[str, str, int]
 
 def offset_key(reader: str, topic: str, partition: int) -> bytes:
     return b"o" + SEP + reader.encode() + SEP + topic.encode() + SEP + str(partition).encode()
-
-
-class Payload:
-    """A source record as the subscriber will see it. Stored packed (`broker.packed`): the
-    same bytes go into delivery envelopes as they are."""
-
-    __slots__ = ("key", "value", "headers", "timestamp_ms", "_packed")
-
-    def __init__(self, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes | None]], timestamp_ms: int,
-                 packed: bytes | None = None) -> None:
-        self.key, self.value, self.headers, self.timestamp_ms = key, value, headers, timestamp_ms
-        self._packed = packed
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Payload) and (self.key, self.value, self.headers,
-                                               self.timestamp_ms) == (
-            other.key, other.value, other.headers, other.timestamp_ms)
-
-    @property
-    def size(self) -> int:
-        return (len(self.key or b"") + len(self.value or b"")
-                + sum(len(k) + len(v or b"") for k, v in self.headers))
-
-    def encode(self) -> bytes:
-        if self._packed is None:
-            self._packed = pack_payload(self.key, self.value, self.headers, self.timestamp_ms)
-        return self._packed
-
-    @classmethod
-    def decode(cls, data: bytes) -> Payload:
-        if is_packed_payload(data):
-            return cls(*unpack_payload(data), packed=data)
-        r = wire.decode("stored_payload", data)  # stored by kq before payloads were packed
-        headers = [(h["key"], h["value"]) for h in r["headers"]]
-        return cls(r["key"], r["value"], headers, r["timestamp_ms"])
 
 
 # A queued message's record is packed with struct, not Avro (a few times cheaper; the layout
@@ -264,13 +227,17 @@ class Checkpoint:
 
     def changes(self, engine: Engine, skip: frozenset[bytes] = frozenset()) -> StateChanges:
         """The engine's current state of every key the transitions touched, encoded now (the
-        engine moves on) to be written later."""
+        engine moves on) to be written later. A message queued and finished here (acked
+        within one state write's window, as most are at a steady rate) never had a row, nor
+        its payload unless a queue held it before: nothing to delete."""
         puts: dict[bytes, bytes] = {}
         deletes: list[bytes] = []
         touched_queues: set[str] = set()
         touched_payloads: set[Bookmark] = set(self.payloads)
         alive: set[Bookmark] = set()  # still queued somewhere: its payload stays
         done: set[tuple[str, Bookmark]] = set()
+        arrived: set[Bookmark] = set()  # queued here, by every queue it has a transition of
+        held_before: set[Bookmark] = set()  # some queue had it before these transitions
         for t in self.transitions:
             q = engine.queues.get(t.queue)
             if q is None:
@@ -280,12 +247,15 @@ class Checkpoint:
                 if (t.queue, t.bookmark) in done:  # `add` kept its last state: done once
                     continue
                 done.add((t.queue, t.bookmark))
+                new = t.kind is Kind.ENQUEUED  # (its first transition here)
+                (arrived if new else held_before).add(t.bookmark)
                 key = message_key(t.queue, t.bookmark)
                 msg = self.messages.get((t.queue, t.bookmark), _UNKNOWN)
                 if msg is _UNKNOWN:
                     msg = None if t.kind in FINISHING else q.find(t.bookmark)
                 if msg is None:
-                    deletes.append(key)
+                    if not new:
+                        deletes.append(key)
                 else:
                     puts[key] = encode_message(msg)
                     alive.add(t.bookmark)
@@ -307,7 +277,7 @@ class Checkpoint:
                                   and q.queued(bm) for name, q in engine.queues.items()):
                 if bm in self.payloads:
                     puts[payload_key(bm)] = self.payloads[bm].encode()
-            else:
+            elif bm not in arrived or bm in held_before:
                 deletes.append(payload_key(bm))
         for name in touched_queues:
             q = engine.queues[name]

@@ -12,7 +12,8 @@ from broker.engine.engine import Engine
 from broker.errors import DeliveryFailedError
 from broker.service.coalesce import StateWindow
 from broker.service.commit import Committer, Outbox, OutRecord
-from broker.state.layout import Checkpoint, Payload, load_meta, offset_key
+from broker.state.layout import Checkpoint, load_meta, offset_key
+from broker.state.payload import Payload
 from broker.state.store import MemoryStore
 from broker.values import Bookmark
 

@@ -3,7 +3,8 @@
 import pytest
 
 from broker.engine.engine import Engine
-from broker.state.layout import Checkpoint, Payload, load_engine, load_payload, load_positions
+from broker.state.layout import Checkpoint, load_engine, load_payload, load_positions
+from broker.state.payload import Payload
 from broker.state.rocks import RocksStore
 from broker.state.store import MemoryStore
 from tests.unit.harness import Harness, delivered, queue
