@@ -1,17 +1,18 @@
 """Avro's binary encoding, written directly, for the two records kq writes for every batch: a
 delivery envelope per subscription (`broker.service.envelopes`) and a journal part
-(`broker.service.journal`). fastavro's writer costs about 20 µs a record whatever its size
-(it walks the schema and fills in every default), which at a steady rate, a few messages to
-a batch, was a good part of each message's CPU; laying out a fixed record costs a few.
+(`broker.service.journal`), and commands, both ways (`FlatRecord`, through `broker.wire`).
+fastavro costs about 20 µs a record whatever its size (it walks the schema, filling in or
+reading every field generically), which at a steady rate, a few messages to a batch, was a
+good part of each message's CPU; laying out or reading a fixed record costs a few.
 
 The bytes are Avro's, field for field: the tests check them against fastavro's for the same
-records, so every reader, fastavro included, reads them with the documented schemas.
-Everything else kq writes goes through `broker.wire`.
+records (and fastavro's reading of any bytes against `FlatRecord`'s), so every reader,
+fastavro included, reads them with the documented schemas.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 # long 0..63 (zigzag 0..126): one byte, the common case (lengths, counts, small numbers)
 _SMALL: Final = [bytes([z]) for z in range(128)]
@@ -49,3 +50,137 @@ def optional_string(text: str | None) -> bytes:
 def optional_long(n: int | None) -> bytes:
     """A ["null", "long"] union."""
     return NULL if n is None else b"\x02" + long_(n)
+
+
+# -- flat records, both ways -------------------------------------------------------------------
+# A field's kind in a FlatRecord: (int and long are encoded alike)
+STRING, BYTES, LONG, ENUM, STRINGS, LONGS = range(6)
+_PRIMITIVE: Final = {"string": STRING, "bytes": BYTES, "long": LONG, "int": LONG}
+_ARRAY: Final = {"string": STRINGS, "long": LONGS, "int": LONGS}
+_REQUIRED: Final[Any] = object()  # a field without a default
+
+
+class FlatRecord:
+    """Avro's binary encoding of one record schema whose fields are strings, bytes, ints,
+    longs, enums, ["null", one of those] unions and arrays of strings or longs (a command:
+    every client sends one per batch of acks, and the service reads each). Built from the
+    parsed schema; ValueError for any other field, and for bytes that are not such a
+    record."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        # (name, kind, nullable, default, enum symbols, their indexes)
+        self.fields: list[tuple[str, int, bool, Any, list[str], dict[str, int]]] = []
+        for f in schema["fields"]:
+            t, nullable = f["type"], False
+            if isinstance(t, list) and len(t) == 2 and t[0] == "null":
+                t, nullable = t[1], True
+            symbols: list[str] = []
+            if isinstance(t, str) and t in _PRIMITIVE:
+                kind = _PRIMITIVE[t]
+            elif isinstance(t, dict) and t.get("type") == "enum":
+                kind, symbols = ENUM, list(t["symbols"])
+            elif isinstance(t, dict) and t.get("type") == "array" and t["items"] in _ARRAY:
+                kind = _ARRAY[t["items"]]
+            else:
+                raise ValueError(f"field {f['name']}: {t!r} is not in a flat record")
+            self.fields.append((f["name"], kind, nullable, f.get("default", _REQUIRED),
+                                symbols, {s: i for i, s in enumerate(symbols)}))
+
+    def encode(self, record: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        for name, kind, nullable, default, _, index in self.fields:
+            value = record.get(name, default)
+            if value is _REQUIRED:
+                raise ValueError(f"no {name}")
+            if nullable:
+                if value is None:
+                    out.append(NULL)
+                    continue
+                out.append(b"\x02")
+            if kind == STRING:
+                out.append(string(value))
+            elif kind == BYTES:
+                out.append(bytes_(value))
+            elif kind == LONG:
+                out.append(long_(value))
+            elif kind == ENUM:
+                if value not in index:
+                    raise ValueError(f"{name}: {value!r} is not one of its symbols")
+                out.append(long_(index[value]))
+            elif value:  # an array: one block, then the end
+                out.append(long_(len(value)))
+                out += [string(v) for v in value] if kind == STRINGS else [long_(v) for v in value]
+                out.append(NULL)
+            else:
+                out.append(NULL)
+        return b"".join(out)
+
+    def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
+        """The record starting at `pos` (what follows it is not looked at)."""
+        out: dict[str, Any] = {}
+        for name, kind, nullable, _, symbols, _ in self.fields:
+            if nullable:
+                branch, pos = _read_long(data, pos)
+                if branch == 0:
+                    out[name] = None
+                    continue
+                if branch != 1:
+                    raise ValueError(f"{name}: no union branch {branch}")
+            if kind == STRING:
+                raw, pos = _read_bytes(data, pos)
+                out[name] = raw.decode()
+            elif kind == BYTES:
+                out[name], pos = _read_bytes(data, pos)
+            elif kind == LONG:
+                out[name], pos = _read_long(data, pos)
+            elif kind == ENUM:
+                i, pos = _read_long(data, pos)
+                if not 0 <= i < len(symbols):
+                    raise ValueError(f"{name}: no symbol {i}")
+                out[name] = symbols[i]
+            else:
+                out[name], pos = _read_array(data, pos, kind == STRINGS)
+        return out
+
+
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    z = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("the record ends inside a number")
+        b = data[pos]
+        pos += 1
+        z |= (b & 127) << shift
+        if b < 128:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("a number longer than 10 bytes")
+
+
+def _read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    n, pos = _read_long(data, pos)
+    if n < 0 or pos + n > len(data):
+        raise ValueError(f"a length of {n} with {len(data) - pos} bytes left")
+    return data[pos:pos + n], pos + n
+
+
+def _read_array(data: bytes, pos: int, strings: bool) -> tuple[list[Any], int]:
+    """An array of strings or of longs (in blocks, as Avro writes one)."""
+    items: list[Any] = []
+    while True:
+        count, pos = _read_long(data, pos)
+        if count == 0:
+            return items, pos
+        if count < 0:  # a block that says its size in bytes too
+            count = -count
+            _, pos = _read_long(data, pos)
+        if count > len(data) - pos:  # (each item takes a byte at least)
+            raise ValueError(f"{count} items with {len(data) - pos} bytes left")
+        for _ in range(count):
+            if strings:
+                raw, pos = _read_bytes(data, pos)
+                items.append(raw.decode())
+            else:
+                n, pos = _read_long(data, pos)
+                items.append(n)
