@@ -54,41 +54,50 @@ def optional_long(n: int | None) -> bytes:
 
 # -- flat records, both ways -------------------------------------------------------------------
 # A field's kind in a FlatRecord: (int and long are encoded alike)
-STRING, BYTES, LONG, ENUM, STRINGS, LONGS = range(6)
-_PRIMITIVE: Final = {"string": STRING, "bytes": BYTES, "long": LONG, "int": LONG}
+STRING, BYTES, LONG, BOOL, ENUM, STRINGS, LONGS, RECORD, RECORDS = range(9)
+_PRIMITIVE: Final = {"string": STRING, "bytes": BYTES, "long": LONG, "int": LONG,
+                     "boolean": BOOL}
 _ARRAY: Final = {"string": STRINGS, "long": LONGS, "int": LONGS}
 _REQUIRED: Final[Any] = object()  # a field without a default
 
 
 class FlatRecord:
     """Avro's binary encoding of one record schema whose fields are strings, bytes, ints,
-    longs, enums, ["null", one of those] unions and arrays of strings or longs (a command:
-    every client sends one per batch of acks, and the service reads each). Built from the
-    parsed schema; ValueError for any other field, and for bytes that are not such a
-    record."""
+    longs, booleans, enums, records of such fields, ["null", one of those] unions and arrays
+    of strings, longs or records (a command, which every client sends per batch of acks and
+    the service reads; a delivery envelope, which the service sends per batch and a worker
+    reads). Built from the parsed schema; ValueError for any other field, and for bytes that
+    are not such a record."""
 
     def __init__(self, schema: dict[str, Any]) -> None:
-        # (name, kind, nullable, default, enum symbols, their indexes)
-        self.fields: list[tuple[str, int, bool, Any, list[str], dict[str, int]]] = []
+        # (name, kind, nullable, default, enum symbols, their indexes, a record's own)
+        self.fields: list[tuple[str, int, bool, Any, list[str], dict[str, int],
+                                FlatRecord | None]] = []
         for f in schema["fields"]:
             t, nullable = f["type"], False
             if isinstance(t, list) and len(t) == 2 and t[0] == "null":
                 t, nullable = t[1], True
             symbols: list[str] = []
-            if isinstance(t, str) and t in _PRIMITIVE:
-                kind = _PRIMITIVE[t]
-            elif isinstance(t, dict) and t.get("type") == "enum":
-                kind, symbols = ENUM, list(t["symbols"])
-            elif isinstance(t, dict) and t.get("type") == "array" and t["items"] in _ARRAY:
-                kind = _ARRAY[t["items"]]
-            else:
+            sub = None
+            kind = _kind(t)
+            if kind == ENUM:
+                symbols = list(t["symbols"])
+            elif kind == RECORD:
+                sub = FlatRecord(t)
+            elif kind == RECORDS:
+                sub = FlatRecord(t["items"])
+            elif kind < 0:
                 raise ValueError(f"field {f['name']}: {t!r} is not in a flat record")
             self.fields.append((f["name"], kind, nullable, f.get("default", _REQUIRED),
-                                symbols, {s: i for i, s in enumerate(symbols)}))
+                                symbols, {s: i for i, s in enumerate(symbols)}, sub))
 
     def encode(self, record: dict[str, Any]) -> bytes:
         out: list[bytes] = []
-        for name, kind, nullable, default, _, index in self.fields:
+        self._write(record, out)
+        return b"".join(out)
+
+    def _write(self, record: dict[str, Any], out: list[bytes]) -> None:
+        for name, kind, nullable, default, _, index, sub in self.fields:
             value = record.get(name, default)
             if value is _REQUIRED:
                 raise ValueError(f"no {name}")
@@ -103,22 +112,37 @@ class FlatRecord:
                 out.append(bytes_(value))
             elif kind == LONG:
                 out.append(long_(value))
+            elif kind == BOOL:
+                out.append(b"\x01" if value else NULL)
             elif kind == ENUM:
                 if value not in index:
                     raise ValueError(f"{name}: {value!r} is not one of its symbols")
                 out.append(long_(index[value]))
+            elif kind == RECORD:
+                assert sub is not None
+                # (a union's branch may be named: (name, record))
+                sub._write(value[1] if isinstance(value, tuple) else value, out)
             elif value:  # an array: one block, then the end
                 out.append(long_(len(value)))
-                out += [string(v) for v in value] if kind == STRINGS else [long_(v) for v in value]
+                if kind == STRINGS:
+                    out += [string(v) for v in value]
+                elif kind == LONGS:
+                    out += [long_(v) for v in value]
+                else:
+                    assert sub is not None
+                    for item in value:
+                        sub._write(item, out)
                 out.append(NULL)
             else:
                 out.append(NULL)
-        return b"".join(out)
 
     def decode(self, data: bytes, pos: int = 0) -> dict[str, Any]:
         """The record starting at `pos` (what follows it is not looked at)."""
+        return self._read(data, pos)[0]
+
+    def _read(self, data: bytes, pos: int) -> tuple[dict[str, Any], int]:
         out: dict[str, Any] = {}
-        for name, kind, nullable, _, symbols, _ in self.fields:
+        for name, kind, nullable, _, symbols, _, sub in self.fields:
             if nullable:
                 branch, pos = _read_long(data, pos)
                 if branch == 0:
@@ -133,14 +157,40 @@ class FlatRecord:
                 out[name], pos = _read_bytes(data, pos)
             elif kind == LONG:
                 out[name], pos = _read_long(data, pos)
+            elif kind == BOOL:
+                if pos >= len(data):
+                    raise ValueError("the record ends inside a boolean")
+                out[name] = data[pos] == 1
+                pos += 1
             elif kind == ENUM:
                 i, pos = _read_long(data, pos)
                 if not 0 <= i < len(symbols):
                     raise ValueError(f"{name}: no symbol {i}")
                 out[name] = symbols[i]
+            elif kind == RECORD:
+                assert sub is not None
+                out[name], pos = sub._read(data, pos)
             else:
-                out[name], pos = _read_array(data, pos, kind == STRINGS)
-        return out
+                out[name], pos = _read_array(data, pos, kind, sub)
+        return out, pos
+
+
+def _kind(t: Any) -> int:
+    """A field type's kind, or -1."""
+    if isinstance(t, str):
+        return _PRIMITIVE.get(t, -1)
+    if not isinstance(t, dict):
+        return -1
+    if t.get("type") == "enum":
+        return ENUM
+    if t.get("type") == "record":
+        return RECORD
+    if t.get("type") == "array":
+        items = t["items"]
+        if isinstance(items, dict) and items.get("type") == "record":
+            return RECORDS
+        return _ARRAY.get(items, -1) if isinstance(items, str) else -1
+    return -1
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:
@@ -165,8 +215,9 @@ def _read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
     return data[pos:pos + n], pos + n
 
 
-def _read_array(data: bytes, pos: int, strings: bool) -> tuple[list[Any], int]:
-    """An array of strings or of longs (in blocks, as Avro writes one)."""
+def _read_array(data: bytes, pos: int, kind: int,
+                sub: FlatRecord | None) -> tuple[list[Any], int]:
+    """An array of strings, longs or records (in blocks, as Avro writes one)."""
     items: list[Any] = []
     while True:
         count, pos = _read_long(data, pos)
@@ -178,9 +229,13 @@ def _read_array(data: bytes, pos: int, strings: bool) -> tuple[list[Any], int]:
         if count > len(data) - pos:  # (each item takes a byte at least)
             raise ValueError(f"{count} items with {len(data) - pos} bytes left")
         for _ in range(count):
-            if strings:
+            if kind == STRINGS:
                 raw, pos = _read_bytes(data, pos)
                 items.append(raw.decode())
-            else:
+            elif kind == LONGS:
                 n, pos = _read_long(data, pos)
                 items.append(n)
+            else:
+                assert sub is not None
+                item, pos = sub._read(data, pos)
+                items.append(item)
