@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
-from broker import avro_binary as avro
 from broker import wire
 from broker.packed import delivery_batch
 from broker.service.commit import OutRecord
@@ -35,26 +34,11 @@ class _Pack:
     size: int = 0
 
     def encode(self, sub_id: str, queue: str, fmt: str) -> bytes:
-        """The `messages` envelope (schemas/envelope.avsc) in Avro, laid out directly: every
-        field at its default but kind, sub_id, queue, format and the batch."""
-        b = delivery_batch(self.bookmarks, self.delivery_counts, self.lease_deadlines,
-                           self.seqs, self.barriers, self.payloads)
-        return b"".join((
-            wire.header("envelope"), _MESSAGES, avro.string(sub_id), avro.string(queue),
-            _UNTIL_FORMAT, avro.string(fmt), _UNTIL_BATCH, avro.long_(b["count"]),
-            avro.string(b["bookmarks"]), avro.bytes_(b["delivery_counts"]),
-            avro.bytes_(b["lease_deadlines"]), avro.bytes_(b["seqs"]),
-            avro.bytes_(b["barriers"]), avro.bytes_(b["payload_sizes"]),
-            avro.bytes_(b["payloads"])))
-
-
-# A `messages` envelope's fields, in the schema's order, around those it sets: kind (enum
-# "messages", index 3) and request_id ""; bookmark "", delivery_count 0, lease_deadline_ms
-# null, is_barrier false; key and value null, headers [], timestamp_ms 0, body and error
-# null, seq -1, then the batch union's second branch (DeliveryBatch).
-_MESSAGES: Final = avro.long_(3) + avro.NULL
-_UNTIL_FORMAT: Final = avro.NULL * 4
-_UNTIL_BATCH: Final = avro.NULL * 6 + avro.long_(-1) + avro.long_(1)
+        return wire.encode("envelope", {
+            "kind": "messages", "sub_id": sub_id, "queue": queue, "format": fmt,
+            "batch": ("kq.DeliveryBatch", delivery_batch(  # (the union's branch named: not
+                self.bookmarks, self.delivery_counts, self.lease_deadlines,  # looked for)
+                self.seqs, self.barriers, self.payloads))})
 
 
 class Envelopes:

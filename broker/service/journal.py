@@ -8,7 +8,6 @@ from itertools import accumulate, pairwise
 from operator import attrgetter, itemgetter
 from typing import Any, Final
 
-from broker import avro_binary as avro
 from broker import wire
 from broker.engine.transitions import Kind, Transition
 from broker.packed import pack_array, unpack_array
@@ -290,41 +289,14 @@ def journal_parts(transitions: list[Transition], positions: dict[tuple[str, str,
     rows = latest_cursors(transitions)
     chunks = [rows[i:i + TRANSITIONS_PER_PART]
               for i in range(0, len(rows), TRANSITIONS_PER_PART)] or [[]]
-    inputs = _positions(positions)
-    # (in Avro, laid out directly: the fields of schemas/journal.avsc in order, no marker,
-    # no transitions listed, the columns union's second branch; broker.avro_binary)
-    head = (wire.header("journal"), avro.long_(batch))
-    tail = (avro.long_(len(chunks)), avro.long_(now_ms()), avro.NULL,
-            avro.optional_string(writer), avro.optional_long(writer_offset))
-    return [b"".join((*head, avro.long_(i), *tail,
-                      inputs if i == len(chunks) - 1 else avro.NULL, avro.NULL,
-                      avro.long_(1), *_columns_record(encode_columns(chunk))))
-            for i, chunk in enumerate(chunks)]
-
-
-def _positions(positions: dict[tuple[str, str, int], int]) -> bytes:
-    """The `inputs` array of Position records, in Avro (one block, then the end)."""
-    if not positions:
-        return avro.NULL
-    items = [avro.string(r) + avro.string(t) + avro.long_(p) + avro.long_(o)
-             for (r, t, p), o in sorted(positions.items())]
-    return b"".join((avro.long_(len(items)), *items, avro.NULL))
-
-
-def _bytes_fields() -> list[str]:
-    """The Columns record's fields after `count` and `strings`: all of them bytes."""
-    columns = next(f for f in wire.schema("journal")["fields"] if f["name"] == "columns")
-    fields = columns["type"][1]["fields"]
-    assert [f["name"] for f in fields[:2]] == ["count", "strings"]
-    assert all(f["type"] == "bytes" for f in fields[2:])
-    return [f["name"] for f in fields[2:]]
-
-
-_BYTES_FIELDS: Final = _bytes_fields()
-
-
-def _columns_record(cols: dict[str, Any]) -> list[bytes]:
-    """A `columns` record as `encode_columns` makes it (its string table packed, so the
-    `strings` array empty), in Avro."""
-    return [avro.long_(cols["count"]), avro.NULL,
-            *[avro.bytes_(cols[name]) for name in _BYTES_FIELDS]]
+    inputs = [{"reader": r, "topic": t, "partition": p, "offset": o}
+              for (r, t, p), o in sorted(positions.items())]
+    now = now_ms()
+    return [wire.encode("journal", {
+        "batch": batch, "part": i, "parts": len(chunks), "written_ms": now,
+        "marker": None, "writer": writer, "writer_offset": writer_offset,
+        "inputs": inputs if i == len(chunks) - 1 else [],
+        # the union's branch named: fastavro otherwise validates the whole record against
+        # each branch to choose one (a third of writing a part)
+        "transitions": [], "columns": ("kq.Columns", encode_columns(chunk)),
+    }) for i, chunk in enumerate(chunks)]
