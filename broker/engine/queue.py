@@ -43,6 +43,8 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.name, self.at_most_once = config.name, config.at_most_once
         self.target_queue_depth = config.target_queue_depth
         self.lease_ms, self.fairness = config.lease_period.ms, config.effective_fairness
+        self.format = config.format  # (each delivery names it)
+        self.expiration_ms = config.expiration.ms if config.expiration else None
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).
         self.ordering = ordering_of(config)  # how it orders (broker.engine.ordering)
@@ -121,8 +123,8 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
     def expires_at(self, msg: Message) -> int | None:
         if msg.expires_ms is not None:
             return msg.expires_ms
-        exp = self.config.expiration
-        return msg.timestamp_ms + exp.ms if exp else None
+        exp = self.expiration_ms
+        return None if exp is None else msg.timestamp_ms + exp
 
     def depth(self) -> int:
         """Messages still in the queue: available, held and leased (sent ones have left)."""

@@ -13,6 +13,7 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable, Iterable
+from heapq import heappush
 from typing import Any, Final
 
 from sortedcontainers import SortedDict
@@ -70,7 +71,7 @@ class Window:
         """A timer for the lease `msg` holds until its deadline (one made stale by an ack,
         a return or a later lease is skipped when due)."""
         assert msg.deadline_ms is not None
-        heapq.heappush(self.lease_timers, (msg.deadline_ms, msg.seq, msg.delivery_count,
+        heappush(self.lease_timers, (msg.deadline_ms, msg.seq, msg.delivery_count,
                                            msg.bookmark))
 
     def _make_available(self, msg: Message) -> None:

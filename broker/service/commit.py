@@ -160,8 +160,9 @@ class Committer:
         p = self._window.payload(bm)
         if p is not None:
             return p
-        for b in reversed(self._flight):
-            if b.changes is not None and (p := b.changes.payloads.get(bm)) is not None:
+        for i in range(len(self._flight) - 1, -1, -1):  # newest first
+            changes = self._flight[i].changes
+            if changes is not None and (p := changes.payloads.get(bm)) is not None:
                 return p
         return None
 

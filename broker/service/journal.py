@@ -141,13 +141,15 @@ def encode_columns(rows: Sequence[Any]) -> dict[str, Any]:
             else:  # (two keys or more: itemgetter of one gives the value, not a tuple)
                 out[name] = pack_array("i", itemgetter(*values)(index))
         elif kind == "bool":
-            out[name] = bytes(map(bool, values))
+            out[name] = bytes(map(bool, values)) if True in values else bytes(n)
         elif kind.endswith("?"):
             if empty:
                 out[name], out[f"{name}_set"] = bytes(8 * n), bytes(n)
             else:
                 out[name] = pack_array(_CODE[kind], [0 if v is None else v for v in values])
                 out[f"{name}_set"] = bytes(0 if v is None else 1 for v in values)
+        elif n > 0 and values.count(values[0]) == n:  # one value throughout (most columns
+            out[name] = pack_array(_CODE[kind], values[:1]) * n  # of most batches): packed once
         else:
             out[name] = pack_array(_CODE[kind], values)
     # the table packed (version 7): fastavro writes an array of strings one item at a time

@@ -342,11 +342,13 @@ class Service:
 
     def _run(self, event: ev.Event, now: int, batch: _Batch) -> None:
         for effect in self.engine.handle(event, now):
+            if isinstance(effect, Journal):  # most of them (compiled, a class pattern's
+                t = effect.transition  # fields would be looked up by name, these are read)
+                batch.cp.add(t, effect.message)
+                if t.reason and t.reason == Reason.TOO_LARGE.value:  # (most have none)
+                    say_too_large(self.engine, t.queue, t.bookmark)
+                continue
             match effect:
-                case Journal(transition=t, message=msg):
-                    batch.cp.add(t, msg)
-                    if t.reason and t.reason == Reason.TOO_LARGE.value:  # (most have none)
-                        say_too_large(self.engine, t.queue, t.bookmark)
                 case Deliver():
                     self._deliver(effect, batch)
                 case DeadLetter():
@@ -386,7 +388,7 @@ class Service:
         if batch.envelopes is None:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self._deliver_topic(d.client), d.sub_id, d.queue,
-                            self.engine.queues[d.queue].config.format, str(d.bookmark),
+                            self.engine.queues[d.queue].format, str(d.bookmark),
                             d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq,
                             packed)
 
