@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -44,7 +43,16 @@ from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_kafka import kafka_per_msg, stats_env  # noqa: E402
 from ops.bench_roles import Figures, percentile, publish  # noqa: E402
-from ops.bench_threads import cpu_by_thread, threads_per_msg  # noqa: E402
+from ops.bench_threads import (  # noqa: E402
+    cpu_by_thread,
+    cpu_seconds,
+    machine_cpu_seconds,
+    paced_cpu,
+    paced_start,
+    per_msg,
+    threads_per_msg,
+    wait_cpu,
+)
 
 # -- orchestration -----------------------------------------------------------------------------
 
@@ -102,8 +110,9 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i])) for i in range(subs)]
     relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs))
     time.sleep(1)
+    paced_from = paced_start(relay.pid)
     publish(bs, f"{run2}.src", int(rate * 5), rate)
-    relay.wait()
+    paced = paced_cpu(paced_from, wait_cpu(relay), int(rate * 5))  # (its last ack read)
     for w in workers:
         w.wait()
     lat = collect(outs2)
@@ -111,16 +120,12 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
-            "cpu_us_per_msg_by_thread": by_thread}
+            "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 
 def latency(lat: list[float]) -> dict[str, float]:
     return {"p50_ms": percentile(lat, 0.5), "p90_ms": percentile(lat, 0.9),
             "p99_ms": percentile(lat, 0.99), "max_ms": max(lat, default=float("nan"))}
-
-
-def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
-    return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
 
 
 def broker_pid(bs: str) -> int | None:
@@ -250,9 +255,11 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog))
                    for i in range(subs)]
         time.sleep(2)
+        paced_from = paced_start(proc.pid)
         publish(bs, queue, int(rate * 5), rate)
         for w in workers:
             w.wait()
+        paced = paced_cpu(paced_from, cpu_seconds(proc.pid), int(rate * 5))
         lat = collect(outs2)
     finally:
         proc.terminate()
@@ -262,30 +269,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
-            "cpu_us_per_msg_by_thread": by_thread}
-
-
-def wait_cpu(proc: subprocess.Popen[bytes]) -> float:
-    """Wait for a child and return the CPU seconds it used."""
-    _, _, usage = os.wait4(proc.pid, 0)
-    proc.returncode = 0
-    return usage.ru_utime + usage.ru_stime
-
-
-def machine_cpu_seconds() -> float:
-    """CPU seconds every process on the machine has used (all cores, idle and I/O wait
-    excluded): with the broker, the relay or service, and the subscribers all here, what a
-    message costs the whole machine."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used (a figure noise on the machine hardly
-    moves, unlike wall-clock rates)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 
 def main() -> None:

@@ -20,8 +20,9 @@ import uuid
 from pathlib import Path
 
 from broker.kafka import clients
-from ops.bench import collect, cpu_seconds, machine_cpu_seconds, spawn
+from ops.bench import collect, spawn
 from ops.bench_roles import percentile, publish
+from ops.bench_threads import cpu_seconds, machine_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 

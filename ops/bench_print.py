@@ -28,6 +28,11 @@ def print_result(result: dict[str, Any], a: argparse.Namespace) -> None:
           f"{raw.get('machine_cpu_us_per_msg', float('nan')):.0f} us, kq "
           f"{kq.get('machine_cpu_us_per_msg', float('nan')):.0f} us (kq serve alone "
           f"{kq.get('service_cpu_us_per_msg', float('nan')):.0f} us)")
+    paced_raw, paced_kq = raw.get("cpu_us_per_msg_paced", {}), kq.get("cpu_us_per_msg_paced", {})
+    if paced_raw and paced_kq:
+        print(f"at the paced rate: raw {paced_raw['machine']:.0f} us, kq "
+              f"{paced_kq['machine']:.0f} us (kq serve alone {paced_kq['service']:.0f} us, "
+              f"the relay {paced_raw['service']:.0f} us)")
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued ({rss['leased']} leased): "
           f"{rss['restart_s']:.1f} s")

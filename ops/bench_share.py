@@ -12,9 +12,10 @@ from pathlib import Path
 
 from broker.kafka import clients
 from broker.kafka import stats as kafka_stats
-from ops.bench import broker_cpu, latency, machine_cpu_seconds, per_msg, spawn
+from ops.bench import broker_cpu, latency, spawn
 from ops.bench_kafka import kafka_per_msg
 from ops.bench_roles import publish
+from ops.bench_threads import machine_cpu_seconds, per_msg
 
 
 def share_group(bs: str, group: str) -> None:

@@ -1,5 +1,6 @@
-"""CPU by thread for ops/bench.py: where a process's CPU per message goes, from the thread
-names Linux shows in /proc (HotSpot's, librdkafka's and RocksDB's own threads are named).
+"""CPU accounting for ops/bench.py: per process and per machine (/proc), per message of a
+phase, and by thread: where a process's CPU per message goes, from the thread names Linux
+shows in /proc (HotSpot's, librdkafka's and RocksDB's own threads are named).
 
 broker (a JVM): `jit` (the C1/C2 compiler threads: a broker still warming up), `requests`
 (Kafka's request handlers), `network`, `gc`, `other`. kq serve or the relay (Python):
@@ -10,6 +11,7 @@ broker (a JVM): `jit` (the C1/C2 compiler threads: a broker still warming up), `
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 _GROUPS = [  # (the start of a thread's name, its group), first match wins
@@ -57,3 +59,43 @@ def threads_per_msg(before: dict[str, float], after: dict[str, float], n: int) -
     spent = {g: after[g] - before.get(g, 0.0) for g in after}
     return {g: round(s / n * 1e6, 1) for g, s in sorted(spent.items(), key=lambda x: -x[1])
             if s > 0}
+
+
+def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
+    return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
+
+
+def paced_start(service_pid: int) -> tuple[float, float]:
+    """The service's and the machine's CPU seconds as the paced run starts."""
+    return cpu_seconds(service_pid), machine_cpu_seconds()
+
+
+def paced_cpu(before: tuple[float, float], service_cpu_s: float, n: int) -> dict[str, float]:
+    """CPU per message of a paced run of `n` (the service at a rate its workers keep up
+    with, where the drain's figures spread each batch's costs over hundreds of messages),
+    from its first publish to now; `service_cpu_s`: the service's CPU seconds now."""
+    return per_msg({"service": service_cpu_s - before[0],
+                    "machine": machine_cpu_seconds() - before[1]}, n)
+
+
+def wait_cpu(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for a child and return the CPU seconds it used."""
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime
+
+
+def machine_cpu_seconds() -> float:
+    """CPU seconds every process on the machine has used (all cores, idle and I/O wait
+    excluded): with the broker, the relay or service, and the subscribers all here, what a
+    message costs the whole machine."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used (a figure noise on the machine hardly
+    moves, unlike wall-clock rates)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

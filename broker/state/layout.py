@@ -239,27 +239,28 @@ class Checkpoint:
         arrived: set[Bookmark] = set()  # queued here, by every queue it has a transition of
         held_before: set[Bookmark] = set()  # some queue had it before these transitions
         for t in self.transitions:
-            q = engine.queues.get(t.queue)
+            name, bm = t.queue, t.bookmark
+            q = engine.queues.get(name)
             if q is None:
                 continue
-            touched_queues.add(t.queue)
-            if t.bookmark is not None:
-                if (t.queue, t.bookmark) in done:  # `add` kept its last state: done once
+            touched_queues.add(name)
+            if bm is not None:
+                at = (name, bm)
+                if at in done:  # `add` kept its last state: done once
                     continue
-                done.add((t.queue, t.bookmark))
+                done.add(at)
                 new = t.kind is Kind.ENQUEUED  # (its first transition here)
-                (arrived if new else held_before).add(t.bookmark)
-                key = message_key(t.queue, t.bookmark)
-                msg = self.messages.get((t.queue, t.bookmark), _UNKNOWN)
+                (arrived if new else held_before).add(bm)
+                msg = self.messages.get(at, _UNKNOWN)
                 if msg is _UNKNOWN:
-                    msg = None if t.kind in FINISHING else q.find(t.bookmark)
+                    msg = None if t.kind in FINISHING else q.find(bm)
                 if msg is None:
                     if not new:
-                        deletes.append(key)
+                        deletes.append(message_key(name, bm))
                 else:
-                    puts[key] = encode_message(msg)
-                    alive.add(t.bookmark)
-                touched_payloads.add(t.bookmark)
+                    puts[message_key(name, bm)] = encode_message(msg)
+                    alive.add(bm)
+                touched_payloads.add(bm)
             elif t.sub_id is not None:
                 sub = q.subscription(t.sub_id)
                 if sub is None:

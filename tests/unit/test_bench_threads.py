@@ -4,6 +4,7 @@ thread of this process is renamed to play a JVM compiler thread)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -13,7 +14,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from ops.bench_threads import cpu_by_thread, group_of, threads_per_msg  # noqa: E402
+from ops.bench_threads import (  # noqa: E402
+    cpu_by_thread,
+    cpu_seconds,
+    group_of,
+    paced_cpu,
+    paced_start,
+    threads_per_msg,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 
@@ -61,3 +69,34 @@ def test_a_threads_cpu_is_counted_in_its_group() -> None:
 def test_a_gone_or_unknown_process_has_no_threads() -> None:
     assert cpu_by_thread(None) == {}
     assert cpu_by_thread(2**22 + 12345) == {}
+
+
+BURNER = """
+import sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("burnt", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_paced_run_counts_the_service_cpu_from_its_start() -> None:
+    service = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert service.stdin is not None and service.stdout is not None
+    try:
+        assert service.stdout.readline() == "ready\n"  # its start-up is behind it
+        before = paced_start(service.pid)
+        service.stdin.write("go\n")
+        service.stdin.flush()
+        assert service.stdout.readline() == "burnt\n"
+        figures = paced_cpu(before, cpu_seconds(service.pid), 1000)
+    finally:
+        service.kill()
+        service.wait()
+    # 0.3 s over 1,000 messages, counted in ticks of 10 ms
+    assert 280 <= figures["service"] < 1000
+    assert figures["machine"] >= figures["service"] - 20  # every process, this one too
