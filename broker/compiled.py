@@ -31,6 +31,7 @@ SOURCES = [
     "broker/service/commit.py",
     "broker/service/envelopes.py",
     "broker/service/inputs.py",
+    "broker/service/columns.py",
     "broker/service/journal.py",
     "broker/service/routing.py",
     "broker/service/sending.py",
