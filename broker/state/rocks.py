@@ -44,8 +44,8 @@ def bounded_options(memory_budget: int) -> Options:
 
 
 class MemtableShedder:
-    """Writes a store's memtable out when the service falls idle, so that its memory (blocks
-    of their own: broker.service.memory.map_large_blocks) goes back to the system: a deep
+    """Writes a store's memtable out when the service falls idle, so that its memory goes
+    back to the system (broker.service.memory: the idle service trims the heaps): a deep
     queue loaded and then waiting would otherwise keep a write buffer full of it (about 6 MB
     for the state and the pager together, with the default budget). At most every
     SHED_EVERY_S and only a memtable of SHED_AT_LEAST: a service that falls idle between

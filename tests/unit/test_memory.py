@@ -14,8 +14,8 @@ import pytest
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="glibc's allocator")
 
-# One 1 MiB block is freed (glibc would raise its threshold above it), then 64 blocks of
-# 512 KiB are made: how many MiB of them have pages of their own (glibc's mallinfo2)?
+# One 8 MiB block is freed (glibc would raise its threshold above it), then 8 blocks of
+# 4 MiB are made: how many MiB of them have pages of their own (glibc's mallinfo2)?
 # (Over 512 bytes Python allocates with malloc.)
 PROBE = """
 import ctypes, json, sys
@@ -27,10 +27,10 @@ class Info(ctypes.Structure):
         "fordblks", "keepcost")]
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Info
-first = bytes(1 << 20)
+first = bytes(8 << 20)
 del first
 before = libc.mallinfo2().hblkhd
-big = [bytes(512 << 10) for _ in range(64)]
+big = [bytes(4 << 20) for _ in range(8)]
 print(json.dumps({"done": done, "mapped_mib": (libc.mallinfo2().hblkhd - before) >> 20}))
 """
 
@@ -52,8 +52,8 @@ def test_without_it_they_come_from_the_heaps_once_a_larger_one_was_freed() -> No
 
 
 def test_an_operators_malloc_mmap_threshold_stands() -> None:
-    # theirs is 1 MiB: blocks of 512 KiB come from the heaps
-    assert _probe("map", MALLOC_MMAP_THRESHOLD_=str(1 << 20)) == {"done": False,
+    # theirs is 16 MiB: blocks of 4 MiB come from the heaps
+    assert _probe("map", MALLOC_MMAP_THRESHOLD_=str(16 << 20)) == {"done": False,
                                                                   "mapped_mib": 0}
 
 
