@@ -72,7 +72,7 @@ class Window:
         a return or a later lease is skipped when due)."""
         assert msg.deadline_ms is not None
         heappush(self.lease_timers, (msg.deadline_ms, msg.seq, msg.delivery_count,
-                                           msg.bookmark))
+                                     msg.bookmark))
 
     def _make_available(self, msg: Message) -> None:
         raise NotImplementedError
