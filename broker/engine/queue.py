@@ -41,9 +41,8 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         # read per message, so kept here: compiled, an attribute of this class is read
         # directly, one of the config (a pydantic model) by a generic lookup
         self.name, self.at_most_once = config.name, config.at_most_once
-        self.target_queue_depth = config.target_queue_depth
+        self.target_queue_depth, self.format = config.target_queue_depth, config.format
         self.lease_ms, self.fairness = config.lease_period.ms, config.effective_fairness
-        self.format = config.format  # (each delivery names it)
         self.expiration_ms = config.expiration.ms if config.expiration else None
         # Paging (broker.engine.paging): not for priority queues holding barriers, where
         # what may go next is spread through the order (they keep every message in memory).

@@ -342,9 +342,8 @@ class Service:
 
     def _run(self, event: ev.Event, now: int, batch: _Batch) -> None:
         for effect in self.engine.handle(event, now):
-            if isinstance(effect, Journal):  # most of them (compiled, a class pattern's
-                t = effect.transition  # fields would be looked up by name, these are read)
-                batch.cp.add(t, effect.message)
+            if isinstance(effect, Journal):  # most (compiled: read directly, where a class
+                batch.cp.add(t := effect.transition, effect.message)  # pattern looks up names)
                 if t.reason and t.reason == Reason.TOO_LARGE.value:  # (most have none)
                     say_too_large(self.engine, t.queue, t.bookmark)
                 continue
@@ -389,8 +388,7 @@ class Service:
             batch.envelopes = Envelopes(self.engine.max_message_bytes + ENVELOPE_ALLOWANCE)
         batch.envelopes.add(self._deliver_topic(d.client), d.sub_id, d.queue,
                             self.engine.queues[d.queue].format, str(d.bookmark),
-                            d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq,
-                            packed)
+                            d.delivery_count, d.lease_deadline_ms, d.is_barrier, d.seq, packed)
 
     def _dead_letter(self, d: DeadLetter, batch: _Batch) -> None:
         p = Payload.decode(self._packed(d.bookmark, d.queue))
