@@ -37,6 +37,13 @@ TOPIC_REFRESH_S = 2.0
 BUSY_WAIT_S = 0.001
 IDLE_WAIT_S = 0.005
 IDLE_AFTER_S = 0.5
+# How long after records last came the next wait for records starts. What arrives meanwhile
+# is taken in one batch: at a steady rate the workers keep up with, a loop turn otherwise
+# takes a few messages, and what every batch costs whatever its size (its journal part, two
+# flushes, a delivery record per subscription that each worker then fetches) was most of the
+# CPU at 5,000 msgs/s, on every process of the machine, and its saturation the latency's
+# tail. A drain's batches take longer than this already; a quiet service does not wait.
+LINGER_S = 0.005
 # Longest wait at start for the commands sent while the service was down, before timers run
 CATCH_UP_S = 30.0
 
@@ -51,6 +58,7 @@ class Inputs:
         self._source_gaps = GapCheck(consumer, reread_gaps)
         self._command_gaps = GapCheck(commands, reread_gaps)
         self._last_input = 0.0  # monotonic time records last came in
+        self.linger_s = LINGER_S
         self._commands = commands
         self._engine = engine
         self.command_topics = command_topics  # the shared one, then one per [auth] principal
@@ -111,8 +119,10 @@ class Inputs:
         return time.monotonic() - self._last_input > IDLE_AFTER_S
 
     def poll(self, max_records: int, wait: bool = True) -> list[Message]:
-        """The next records: commands first, then source records; with `wait`, wait a little
-        for some when none are there."""
+        """The next records: commands first, then source records; with `wait`, at least
+        LINGER_S after records last came, and a little more for some when none are there."""
+        if wait and (rest := self.linger_s - (time.monotonic() - self._last_input)) > 0:
+            time.sleep(rest)
         commands = self._commands_taken(max_records, 0)
         sources = self._sources_taken(max_records, 0)
         if wait and not commands and not sources:
