@@ -45,8 +45,8 @@ class ArrivingConsumer:
 
 def make_inputs() -> tuple[Inputs, ArrivingConsumer]:
     sources = ArrivingConsumer()
-    inputs = Inputs(sources, ArrivingConsumer(), None, Router([], "kq"),  # type: ignore[arg-type]
-                    Engine([]), ["kq.commands"], {})
+    inputs = Inputs(sources, ArrivingConsumer(), None, Router((), "kq"),  # type: ignore[arg-type]
+                    Engine(()), ["kq.commands"], {})
     inputs.linger_s = LINGER_S
     return inputs, sources
 
