@@ -110,11 +110,13 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i])) for i in range(subs)]
     relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs))
     time.sleep(1)
-    paced_from = paced_start(relay.pid)
+    paced_from = paced_start(relay.pid, broker_cpu(bs))
     publish(bs, f"{run2}.src", int(rate * 5), rate)
-    paced = paced_cpu(paced_from, wait_cpu(relay), int(rate * 5))  # (its last ack read)
+    relay_paced_s = wait_cpu(relay)  # (it exits once it has read the last ack)
+    paced = paced_cpu(paced_from, relay_paced_s, broker_cpu(bs), int(rate * 5))
     for w in workers:
         w.wait()
+    paced.update(per_msg({"subscribers": subscribers_cpu(outs2)}, int(rate * 5)))
     lat = collect(outs2)
     return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
             **latency(lat),
@@ -255,11 +257,13 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog))
                    for i in range(subs)]
         time.sleep(2)
-        paced_from = paced_start(proc.pid)
+        paced_from = paced_start(proc.pid, broker_cpu(bs))
         publish(bs, queue, int(rate * 5), rate)
+        wait_stat(bs, prefix, queue, "acked", n + int(rate * 5))  # (workers idle 3 s more)
+        paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
         for w in workers:
             w.wait()
-        paced = paced_cpu(paced_from, cpu_seconds(proc.pid), int(rate * 5))
+        paced.update(per_msg({"subscribers": subscribers_cpu(outs2)}, int(rate * 5)))
         lat = collect(outs2)
     finally:
         proc.terminate()

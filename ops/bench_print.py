@@ -32,7 +32,9 @@ def print_result(result: dict[str, Any], a: argparse.Namespace) -> None:
     if paced_raw and paced_kq:
         print(f"at the paced rate: raw {paced_raw['machine']:.0f} us, kq "
               f"{paced_kq['machine']:.0f} us (kq serve alone {paced_kq['service']:.0f} us, "
-              f"the relay {paced_raw['service']:.0f} us)")
+              f"the relay {paced_raw['service']:.0f} us; broker {paced_kq['broker']:.0f} "
+              f"against {paced_raw['broker']:.0f}, workers {paced_kq['subscribers']:.0f} "
+              f"against {paced_raw['subscribers']:.0f})")
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued ({rss['leased']} leased): "
           f"{rss['restart_s']:.1f} s")

@@ -65,16 +65,18 @@ def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
     return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
 
 
-def paced_start(service_pid: int) -> tuple[float, float]:
-    """The service's and the machine's CPU seconds as the paced run starts."""
-    return cpu_seconds(service_pid), machine_cpu_seconds()
+def paced_start(service_pid: int, broker_cpu_s: float) -> tuple[float, float, float]:
+    """The service's, the machine's and the broker's CPU seconds as the paced run starts."""
+    return cpu_seconds(service_pid), machine_cpu_seconds(), broker_cpu_s
 
 
-def paced_cpu(before: tuple[float, float], service_cpu_s: float, n: int) -> dict[str, float]:
+def paced_cpu(before: tuple[float, float, float], service_cpu_s: float, broker_cpu_s: float,
+              n: int) -> dict[str, float]:
     """CPU per message of a paced run of `n` (the service at a rate its workers keep up
     with, where the drain's figures spread each batch's costs over hundreds of messages),
-    from its first publish to now; `service_cpu_s`: the service's CPU seconds now."""
-    return per_msg({"service": service_cpu_s - before[0],
+    from its first publish to its last ack (now); `service_cpu_s`, `broker_cpu_s`: their
+    CPU seconds now. The workers' (`subscribers`) is added once they have exited."""
+    return per_msg({"service": service_cpu_s - before[0], "broker": broker_cpu_s - before[2],
                     "machine": machine_cpu_seconds() - before[1]}, n)
 
 

@@ -89,14 +89,15 @@ def test_a_paced_run_counts_the_service_cpu_from_its_start() -> None:
     assert service.stdin is not None and service.stdout is not None
     try:
         assert service.stdout.readline() == "ready\n"  # its start-up is behind it
-        before = paced_start(service.pid)
+        before = paced_start(service.pid, broker_cpu_s=5.0)
         service.stdin.write("go\n")
         service.stdin.flush()
         assert service.stdout.readline() == "burnt\n"
-        figures = paced_cpu(before, cpu_seconds(service.pid), 1000)
+        figures = paced_cpu(before, cpu_seconds(service.pid), 5.1, 1000)
     finally:
         service.kill()
         service.wait()
     # 0.3 s over 1,000 messages, counted in ticks of 10 ms
     assert 280 <= figures["service"] < 1000
     assert figures["machine"] >= figures["service"] - 20  # every process, this one too
+    assert figures["broker"] == 100.0  # 0.1 s more of the broker's, as given
