@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,14 +180,18 @@ def start_service(cfg: Path, log: Path,
     return proc, time.monotonic() - started
 
 
-def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600) -> None:
-    """Wait until the queue's `key` count reaches `value`, asking five times a second with one
-    client (one per question cost the broker about 0.2 of a core, charged to the drain)."""
+def wait_stat(bs: str, prefix: str, queue: str, key: str, value: int, timeout: float = 600,
+              gave_up: Callable[[], bool] = lambda: False) -> None:
+    """Wait until the queue's `key` count reaches `value` (or `gave_up()`), asking five times
+    a second with one client (one per question cost the broker about 0.2 of a core, charged
+    to the drain)."""
     from broker.client import QueueClient
 
     deadline = time.monotonic() + timeout
     with QueueClient(bs, name=f"bench-wait-{uuid.uuid4().hex[:6]}", topic_prefix=prefix) as c:
         while next(r for r in c.query(what="queues")["queues"] if r["queue"] == queue)[key] < value:
+            if gave_up():
+                return
             if time.monotonic() > deadline:
                 raise SystemExit(f"timed out waiting for {key} >= {value}")
             time.sleep(0.2)
@@ -259,7 +264,9 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         time.sleep(2)
         paced_from = paced_start(proc.pid, broker_cpu(bs))
         publish(bs, queue, int(rate * 5), rate)
-        wait_stat(bs, prefix, queue, "acked", n + int(rate * 5))  # (workers idle 3 s more)
+        # to the last ack (the workers idle 3 s more), or the workers' end if they gave up
+        wait_stat(bs, prefix, queue, "acked", n + int(rate * 5),
+                  gave_up=lambda: all(w.poll() is not None for w in workers))
         paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
         for w in workers:
             w.wait()
