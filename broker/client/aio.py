@@ -335,9 +335,12 @@ class AsyncSubscription(SubscriptionState):
                 continue
             left = READ_WAIT_S if timeout is None else timeout - (time.monotonic() - quiet_since)
             if left <= 0:
+                await client._send(core.take_acks())  # back to the caller: what it acked goes
                 return
-            await client._send(core.take_acks())
-            await client._wakeups.wait(min(left, READ_WAIT_S))
+            due, wait = core.acks.due(min(left, READ_WAIT_S))
+            if due:
+                await client._send(core.take_acks())
+            await client._wakeups.wait(wait)
         if self.failure is not None:
             raise CommandError(f"subscription to {self.queue!r} was dropped by the service and "
                                f"could not be made again: {self.failure}")

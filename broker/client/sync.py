@@ -7,8 +7,9 @@ Subscribing, batch acks, `extend` and `ack(wait=True)` wait for the service's an
 `msg.cancel()` and `msg.expire()` are sent without waiting, and any refusal the service sends
 back is kept in `client.errors` and given to `on_refused`. `msg.ack()` is batched: the acks
 made while handling messages go out together when half the subscription's backlog is acked,
-when the subscriber next waits for messages, at the next heartbeat, on `flush()` or
-`close()`, or every ACK_BATCH acks.
+when the subscriber has waited for messages with acks kept for ACK_LINGER_S (20 ms), when
+`messages()` returns, at the next heartbeat, on `flush()` or `close()`, or every ACK_BATCH
+acks.
 """
 
 from __future__ import annotations
@@ -343,9 +344,12 @@ class Subscription(SubscriptionState):
                 continue
             left = 0.1 if timeout is None else timeout - (time.monotonic() - quiet_since)
             if left <= 0:
+                client._send(core.take_acks())  # back to the caller: what it acked goes
                 return
-            client._send(core.take_acks())  # about to wait: send what was acked meanwhile
-            client._pump(min(left, 0.1))
+            due, wait = core.acks.due(min(left, 0.1))  # about to wait: acks kept may go
+            if due:
+                client._send(core.take_acks())
+            client._pump(wait)
         if self.failure is not None:
             raise CommandError(f"subscription to {self.queue!r} was dropped by the service and "
                                f"could not be made again: {self.failure}")

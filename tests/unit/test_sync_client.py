@@ -258,3 +258,49 @@ def test_the_consumer_is_closed_only_between_reads(monkeypatch):
     io.close_consumer()
     assert closed.is_set() and io.read(ClientCore("w", "w"), 0.1) == 0
     io.read_if_idle(ClientCore("w", "w"))
+
+
+def subscription_holding(client, bookmarks, backlog):
+    from broker.client.message import batch_of
+    from broker.client.sync import Subscription
+    sub = Subscription(client, "Q2", "s2")  # (Q's backlog of 1 makes every ack due at once)
+    client.core.add(sub)
+    client.core.subscribed(sub, {"backlog": backlog})
+    client.core._deliver("s2", "Q2", "json", batch_of(
+        [(b, 1, None, False, 0, None, b"{}", [], 0) for b in bookmarks]))
+    return sub
+
+
+def test_acks_kept_wait_for_company_then_go_as_one_command_before_a_longer_wait(monkeypatch):
+    """At a steady rate each delivery brought back a command of its own: the acks kept go
+    once the oldest is ACK_LINGER_S old, not each time the subscriber waits."""
+    import time
+
+    from broker.client.acks import ACK_LINGER_S
+    now = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    client, _ = client_holding_one_message()
+    client._closed = threading.Event()
+    waits = []  # (how long the client waited, commands sent before it)
+
+    def pump(timeout):
+        waits.append((timeout, len(client._io.records)))
+        now[0] += timeout
+
+    client._pump = pump
+    sub = subscription_holding(client, ["T/0/1", "T/0/2"], backlog=100)
+    for msg in sub.messages(timeout=1):
+        msg.ack()
+    assert waits[0] == (pytest.approx(ACK_LINGER_S), 0)  # kept through the first wait
+    assert waits[1][1] == 1  # then both went, in one command
+    assert len(client._io.records) == 1
+
+
+def test_acks_kept_go_when_messages_returns():
+    client, _ = client_holding_one_message()
+    client._closed = threading.Event()
+    client._pump = lambda timeout: None
+    sub = subscription_holding(client, ["T/0/1"], backlog=100)
+    for msg in sub.messages(timeout=0):
+        msg.ack()
+    assert len(client._io.records) == 1
