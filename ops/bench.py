@@ -11,15 +11,14 @@
     first record.
 (b) kq: `kq serve` in a subprocess, subscribers with the real client, acking every message.
 
-Every throughput phase reports CPU per message by role over its drain (`cpu_us_per_msg`:
-broker, service (the relay for raw), subscribers, machine) and p50/p90/p99/max latency.
-A subscriber's CPU counts from its first record to its last, for every kind of worker: the
-start of Python and of its client is not a cost per message.
-
 Each runs a drain phase (N records already published, time until all are acked: msgs/s) and
-a paced phase (records published at --rate msgs/s: publish -> deliver p50/p99). Then kq's RSS
-per queued message (M records, no subscribers) and its restart time with them queued.
-Without --bootstrap a broker is started on free ports (--broker embedded or apache).
+a paced phase (records published at --rate msgs/s: publish -> deliver p50/p90/p99/max), and
+reports per message by role (broker, service (the relay for raw), subscribers, machine) the
+CPU of each (`cpu_us_per_msg`, `cpu_us_per_msg_paced`) and the Kafka requests and records of
+the clients (`kafka_per_msg`, `kafka_per_msg_paced`). A subscriber's CPU counts from its
+first record to its last: the start of Python and of its client is not a cost per message.
+Then kq's RSS per queued message (M records, no subscribers) and its restart time with them
+queued. Without --bootstrap a broker is started on free ports (--broker embedded or apache).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from broker.kafka import clients  # noqa: E402
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
-from ops.bench_kafka import kafka_per_msg, stats_env  # noqa: E402
+from ops.bench_kafka import grown_per_msg, read_all, stats_env  # noqa: E402
 from ops.bench_roles import Figures, percentile, publish  # noqa: E402
 from ops.bench_threads import (  # noqa: E402
     cpu_by_thread,
@@ -85,8 +84,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
     machine_before, broker_before = machine_cpu_seconds(), broker_cpu(bs)
-    broker = broker_pid(bs)
-    broker_threads = cpu_by_thread(broker)
+    broker_threads = cpu_by_thread(broker := broker_pid(bs))
     counted = {role: tmp / f"{run}-kafka-{role}" for role in ("service", "subscribers")}
     start = time.monotonic()
     workers = [spawn("_raw_sub", bs, run, str(i), str(outs[i]),
@@ -97,8 +95,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     machine_s = machine_cpu_seconds() - machine_before
     broker_s = broker_cpu(bs) - broker_before
     by_thread = {"broker": threads_per_msg(broker_threads, cpu_by_thread(broker), n)}
-    zero = kafka_stats.totals([])
-    kafka = kafka_per_msg({role: (zero, kafka_stats.read(d)) for role, d in counted.items()}, n)
+    kafka = grown_per_msg(counted, {}, n)
     for w in workers:
         w.wait()
     cpu = {"broker": broker_s, "service": relay_s, "subscribers": subscribers_cpu(outs),
@@ -108,8 +105,10 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     clients.ensure_topics(clients.admin(bs), [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in
                                                                 range(subs) for k in ("d", "ack")])
     outs2 = [tmp / f"{run2}-{i}.json" for i in range(subs)]
-    workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i])) for i in range(subs)]
-    relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs))
+    counted = {role: tmp / f"{run2}-kafka-{role}" for role in ("service", "subscribers")}
+    workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i]),
+                     stats_dir=counted["subscribers"]) for i in range(subs)]
+    relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs), stats_dir=counted["service"])
     time.sleep(1)
     paced_from = paced_start(relay.pid, broker_cpu(bs))
     publish(bs, f"{run2}.src", int(rate * 5), rate)
@@ -118,11 +117,13 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     for w in workers:
         w.wait()
     paced.update(per_msg({"subscribers": subscribers_cpu(outs2)}, int(rate * 5)))
+    kafka_paced = grown_per_msg(counted, {}, int(rate * 5))
     lat = collect(outs2)
     return {"msgs_per_s": n / drain_s, "msgs_per_s_steady": steady(outs, n, end_wall),
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
+            "kafka_per_msg_paced": kafka_paced,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 
@@ -239,7 +240,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         broker_before = broker_cpu(bs)
         pids = {"broker": broker_pid(bs), "service": proc.pid}
         threads_before = {role: cpu_by_thread(pid) for role, pid in pids.items()}
-        before = {role: kafka_stats.read(d) for role, d in counted.items()}
+        before = read_all(counted)
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog),
                          stats_dir=counted["subscribers"]) for i in range(subs)]
@@ -251,23 +252,26 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         by_thread = {role: threads_per_msg(threads_before[role], cpu_by_thread(pid), n)
                      for role, pid in pids.items()}
         time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # the last reports of the drain
-        kafka = kafka_per_msg({role: (before[role], kafka_stats.read(d))
-                               for role, d in counted.items()}, n)
+        kafka = grown_per_msg(counted, before, n)
         stop_profiler(spy)
         for w in workers:
             w.wait()
         cpu = {"broker": broker_s, "service": cpu_s, "subscribers": subscribers_cpu(outs),
                "machine": machine_s}
         outs2 = [tmp / f"{prefix}-p{i}.json" for i in range(subs)]
-        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog))
-                   for i in range(subs)]
+        counted["subscribers"] = tmp / f"{prefix}-kafka-paced"
+        workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog),
+                         stats_dir=counted["subscribers"]) for i in range(subs)]
         time.sleep(2)
+        before = read_all(counted)
         paced_from = paced_start(proc.pid, broker_cpu(bs))
         publish(bs, queue, int(rate * 5), rate)
         # to the last ack (the workers idle 3 s more), or the workers' end if they gave up
         wait_stat(bs, prefix, queue, "acked", n + int(rate * 5),
                   gave_up=lambda: all(w.poll() is not None for w in workers))
         paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
+        time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # (the workers idle 3 s before exiting)
+        kafka_paced = grown_per_msg(counted, before, int(rate * 5))
         for w in workers:
             w.wait()
         paced.update(per_msg({"subscribers": subscribers_cpu(outs2)}, int(rate * 5)))
@@ -280,6 +284,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
+            "kafka_per_msg_paced": kafka_paced,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 

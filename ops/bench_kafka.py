@@ -30,3 +30,16 @@ def kafka_per_msg(readings: dict[str, tuple[dict, dict]], n: int) -> dict[str, d
                      "records_in": round(d["records_in"] / n, 3),
                      "bytes_out": round(d["bytes_out"] / n), "bytes_in": round(d["bytes_in"] / n)}
     return out
+
+
+def read_all(folders: dict[str, Path]) -> dict[str, dict]:
+    """Each role's counters now."""
+    return {role: kafka_stats.read(d) for role, d in folders.items()}
+
+
+def grown_per_msg(folders: dict[str, Path], before: dict[str, dict], n: int) -> dict[str, dict]:
+    """Per role, what its counters grew by since `before` (from zero for a role not in it),
+    per message."""
+    zero = kafka_stats.totals([])
+    return kafka_per_msg({role: (before.get(role, zero), kafka_stats.read(d))
+                          for role, d in folders.items()}, n)

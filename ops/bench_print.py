@@ -35,6 +35,11 @@ def print_result(result: dict[str, Any], a: argparse.Namespace) -> None:
               f"the relay {paced_raw['service']:.0f} us; broker {paced_kq['broker']:.0f} "
               f"against {paced_raw['broker']:.0f}, workers {paced_kq['subscribers']:.0f} "
               f"against {paced_raw['subscribers']:.0f})")
+    kafka_raw, kafka_kq = raw.get("kafka_per_msg_paced", {}), kq.get("kafka_per_msg_paced", {})
+    if kafka_raw and kafka_kq:
+        print("Kafka requests per message at the paced rate: " + ", ".join(
+            f"{role} {kafka_raw[role]['requests']:.3f} (raw) / "
+            f"{kafka_kq[role]['requests']:.3f} (kq)" for role in ("service", "subscribers")))
     print(f"RSS per queued message: {rss['rss_bytes_per_queued_msg']:.0f} bytes "
           f"({rss['queued']} queued); restart with them queued ({rss['leased']} leased): "
           f"{rss['restart_s']:.1f} s")

@@ -81,3 +81,21 @@ def test_reports_close_together_are_written_once_and_a_settle_writes_the_last(
     assert stats.read(tmp_path)["requests"]["Produce"] == 1
     stats.settle()
     assert stats.read(tmp_path)["requests"]["Produce"] == 2
+
+
+def test_the_bench_counts_per_message_what_each_role_did_since_its_reading(tmp_path, monkeypatch):
+    """The paced phase reuses the drain's service (counted from a reading) and starts new
+    workers (counted from zero)."""
+    from ops.bench_kafka import grown_per_msg, read_all
+    folders = {"service": tmp_path / "service", "subscribers": tmp_path / "subscribers"}
+    monkeypatch.setenv(stats.ENV, str(folders["service"]))
+    stats._on_stats(report("service-producer", produce=100, fetch=0, out=1000, into=0))
+    before = read_all(folders)
+    stats._on_stats(report("service-producer", produce=150, fetch=0, out=1500, into=0))
+    monkeypatch.setattr(stats, "_latest", {})
+    monkeypatch.setenv(stats.ENV, str(folders["subscribers"]))
+    stats._on_stats(report("worker-consumer", produce=0, fetch=20, out=0, into=500))
+    grown = grown_per_msg(folders, {"service": before["service"]}, 500)
+    assert grown["service"]["requests"] == 0.1 and grown["service"]["records_out"] == 1.0
+    assert grown["subscribers"]["by_kind"] == {"Fetch": 0.04, "Metadata": 0.002}
+    assert grown["subscribers"]["records_in"] == 1.0
