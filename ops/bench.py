@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from broker.kafka import clients  # noqa: E402
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
-from ops.bench_kafka import grown_per_msg, read_all, stats_env  # noqa: E402
+from ops.bench_kafka import counters_now, grown_per_msg, stats_env  # noqa: E402
 from ops.bench_roles import Figures, percentile, publish  # noqa: E402
 from ops.bench_threads import (  # noqa: E402
     cpu_by_thread,
@@ -240,7 +240,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         broker_before = broker_cpu(bs)
         pids = {"broker": broker_pid(bs), "service": proc.pid}
         threads_before = {role: cpu_by_thread(pid) for role, pid in pids.items()}
-        before = read_all(counted)
+        before = counters_now(counted)
         start = time.monotonic()
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs[i]), str(backlog),
                          stats_dir=counted["subscribers"]) for i in range(subs)]
@@ -263,7 +263,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog),
                          stats_dir=counted["subscribers"]) for i in range(subs)]
         time.sleep(2)
-        before = read_all(counted)
+        before = counters_now(counted)
         paced_from = paced_start(proc.pid, broker_cpu(bs))
         publish(bs, queue, int(rate * 5), rate)
         # to the last ack (the workers idle 3 s more), or the workers' end if they gave up

@@ -32,7 +32,7 @@ def kafka_per_msg(readings: dict[str, tuple[dict, dict]], n: int) -> dict[str, d
     return out
 
 
-def read_all(folders: dict[str, Path]) -> dict[str, dict]:
+def counters_now(folders: dict[str, Path]) -> dict[str, dict]:
     """Each role's counters now."""
     return {role: kafka_stats.read(d) for role, d in folders.items()}
 

@@ -11,9 +11,8 @@ import uuid
 from pathlib import Path
 
 from broker.kafka import clients
-from broker.kafka import stats as kafka_stats
 from ops.bench import broker_cpu, latency, spawn
-from ops.bench_kafka import kafka_per_msg
+from ops.bench_kafka import grown_per_msg
 from ops.bench_roles import publish
 from ops.bench_threads import machine_cpu_seconds, per_msg
 
@@ -53,7 +52,7 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
         m.wait()
     machine_s = machine_cpu_seconds() - machine_before
     broker_s = broker_cpu(bs) - broker_before
-    kafka = kafka_per_msg({"subscribers": (kafka_stats.totals([]), kafka_stats.read(counted))}, n)
+    kafka = grown_per_msg({"subscribers": counted}, {}, n)
     got = [json.loads(o.read_text()) for o in outs]
     delivered = sum(g["count"] for g in got)
     if delivered < n:

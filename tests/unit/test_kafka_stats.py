@@ -86,11 +86,11 @@ def test_reports_close_together_are_written_once_and_a_settle_writes_the_last(
 def test_the_bench_counts_per_message_what_each_role_did_since_its_reading(tmp_path, monkeypatch):
     """The paced phase reuses the drain's service (counted from a reading) and starts new
     workers (counted from zero)."""
-    from ops.bench_kafka import grown_per_msg, read_all
+    from ops.bench_kafka import counters_now, grown_per_msg
     folders = {"service": tmp_path / "service", "subscribers": tmp_path / "subscribers"}
     monkeypatch.setenv(stats.ENV, str(folders["service"]))
     stats._on_stats(report("service-producer", produce=100, fetch=0, out=1000, into=0))
-    before = read_all(folders)
+    before = counters_now(folders)
     stats._on_stats(report("service-producer", produce=150, fetch=0, out=1500, into=0))
     monkeypatch.setattr(stats, "_latest", {})
     monkeypatch.setenv(stats.ENV, str(folders["subscribers"]))
