@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from ops.bench_threads import (  # noqa: E402
     threads_per_msg,
     wait_cpu,
 )
+from ops.bench_watch import bystander, profiler, slowed, stop_profiler  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
 
@@ -109,10 +109,12 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i]),
                      stats_dir=counted["subscribers"]) for i in range(subs)]
     relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs), stats_dir=counted["service"])
+    watch = bystander()
     time.sleep(1)
-    paced_from = paced_start(relay.pid, broker_cpu(bs))
+    paced_from, paced_wall = paced_start(relay.pid, broker_cpu(bs)), time.time()
     publish(bs, f"{run2}.src", int(rate * 5), rate)
     relay_paced_s = wait_cpu(relay)  # (it exits once it has read the last ack)
+    hiccups = slowed(watch, paced_wall)
     paced = paced_cpu(paced_from, relay_paced_s, broker_cpu(bs), int(rate * 5))
     for w in workers:
         w.wait()
@@ -123,7 +125,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
             **latency(lat),
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
-            "kafka_per_msg_paced": kafka_paced,
+            "kafka_per_msg_paced": kafka_paced, "paced_hiccups": hiccups,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 
@@ -205,22 +207,6 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def profiler(pid: int, out: Path | None) -> subprocess.Popen[bytes] | None:
-    """py-spy sampling the service (with --profile): stop it with SIGINT to write `out`."""
-    if out is None:
-        return None
-    spy = Path(sys.executable).with_name("py-spy")
-    return subprocess.Popen([str(spy), "record", "--pid", str(pid), "--format", "raw",
-                             "--rate", "200", "--idle", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)
-        spy.wait()
-
-
 def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
            profile: Path | None = None) -> Figures:
     prefix = f"kqb{uuid.uuid4().hex[:6]}"
@@ -262,14 +248,16 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         counted["subscribers"] = tmp / f"{prefix}-kafka-paced"
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog),
                          stats_dir=counted["subscribers"]) for i in range(subs)]
+        watch = bystander()
         time.sleep(2)
         before = counters_now(counted)
-        paced_from = paced_start(proc.pid, broker_cpu(bs))
+        paced_from, paced_wall = paced_start(proc.pid, broker_cpu(bs)), time.time()
         publish(bs, queue, int(rate * 5), rate)
         # to the last ack (the workers idle 3 s more), or the workers' end if they gave up
         wait_stat(bs, prefix, queue, "acked", n + int(rate * 5),
                   gave_up=lambda: all(w.poll() is not None for w in workers))
         paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
+        hiccups = slowed(watch, paced_wall)
         time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # (the workers idle 3 s before exiting)
         kafka_paced = grown_per_msg(counted, before, int(rate * 5))
         for w in workers:
@@ -284,7 +272,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             "cpu_us_per_msg": per_msg(cpu, n), "service_cpu_us_per_msg": cpu_s / n * 1e6,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
-            "kafka_per_msg_paced": kafka_paced,
+            "kafka_per_msg_paced": kafka_paced, "paced_hiccups": hiccups,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 

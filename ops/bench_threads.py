@@ -65,19 +65,26 @@ def per_msg(cpu_s: dict[str, float], n: int) -> dict[str, float]:
     return {role: round(s / n * 1e6, 1) for role, s in cpu_s.items()}
 
 
-def paced_start(service_pid: int, broker_cpu_s: float) -> tuple[float, float, float]:
-    """The service's, the machine's and the broker's CPU seconds as the paced run starts."""
-    return cpu_seconds(service_pid), machine_cpu_seconds(), broker_cpu_s
+PacedStart = tuple[float, float, float, float]
 
 
-def paced_cpu(before: tuple[float, float, float], service_cpu_s: float, broker_cpu_s: float,
+def paced_start(service_pid: int, broker_cpu_s: float) -> PacedStart:
+    """The service's, the machine's and the broker's CPU seconds, and the seconds the
+    hypervisor took, as the paced run starts."""
+    return cpu_seconds(service_pid), machine_cpu_seconds(), broker_cpu_s, stolen_seconds()
+
+
+def paced_cpu(before: PacedStart, service_cpu_s: float, broker_cpu_s: float,
               n: int) -> dict[str, float]:
     """CPU per message of a paced run of `n` (the service at a rate its workers keep up
     with, where the drain's figures spread each batch's costs over hundreds of messages),
     from its first publish to its last ack (now); `service_cpu_s`, `broker_cpu_s`: their
-    CPU seconds now. The workers' (`subscribers`) is added once they have exited."""
+    CPU seconds now. The workers' (`subscribers`) is added once they have exited.
+    `stolen`: the time the hypervisor ran something else while this machine's processes
+    wanted its cores, the origin of most latency stalls on a shared virtual machine."""
     return per_msg({"service": service_cpu_s - before[0], "broker": broker_cpu_s - before[2],
-                    "machine": machine_cpu_seconds() - before[1]}, n)
+                    "machine": machine_cpu_seconds() - before[1],
+                    "stolen": stolen_seconds() - before[3]}, n)
 
 
 def wait_cpu(proc: subprocess.Popen[bytes]) -> float:
@@ -87,13 +94,27 @@ def wait_cpu(proc: subprocess.Popen[bytes]) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _all_cores() -> list[str]:
+    """The clock ticks of /proc/stat's `cpu` line: user, nice, system, idle, iowait, irq,
+    softirq, steal, ..."""
+    return Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+
+
 def machine_cpu_seconds() -> float:
     """CPU seconds every process on the machine has used (all cores, idle and I/O wait
     excluded): with the broker, the relay or service, and the subscribers all here, what a
     message costs the whole machine."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    fields = _all_cores()
     user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def stolen_seconds() -> float:
+    """The /proc/stat `steal` time of all cores: while a virtual machine's core is taken by
+    the hypervisor, every process on it stops (and Linux may still charge the time to the
+    process that was running). 0 on a machine of its own."""
+    fields = _all_cores()
+    return int(fields[7]) / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
 
 
 def cpu_seconds(pid: int) -> float:

@@ -14,12 +14,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from ops import bench_threads  # noqa: E402
 from ops.bench_threads import (  # noqa: E402
     cpu_by_thread,
     cpu_seconds,
     group_of,
     paced_cpu,
     paced_start,
+    stolen_seconds,
     threads_per_msg,
 )
 
@@ -101,3 +103,18 @@ def test_a_paced_run_counts_the_service_cpu_from_its_start() -> None:
     assert 280 <= figures["service"] < 1000
     assert figures["machine"] >= figures["service"] - 20  # every process, this one too
     assert figures["broker"] == 100.0  # 0.1 s more of the broker's, as given
+    assert "stolen" in figures
+
+
+def test_stolen_time_is_the_steal_column_and_not_the_machine_cpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ticks = {"now": ["100", "0", "50", "900", "0", "0", "0", "7", "0", "0"]}
+    monkeypatch.setattr(bench_threads, "_all_cores", lambda: ticks["now"])
+    before = paced_start(os.getpid(), broker_cpu_s=0.0)
+    ticks["now"] = ["200", "0", "50", "900", "0", "0", "0", "57", "0", "0"]
+    figures = paced_cpu(before, cpu_seconds(os.getpid()), 0.0, 1000)
+    tick = os.sysconf("SC_CLK_TCK")
+    assert figures["stolen"] == round(50 / tick / 1000 * 1e6, 1)  # 50 ticks more of steal
+    assert figures["machine"] == round(100 / tick / 1000 * 1e6, 1)  # steal not counted in it
+    monkeypatch.setattr(bench_threads, "_all_cores", lambda: ["1"] * 7)  # no steal column
+    assert stolen_seconds() == 0.0
