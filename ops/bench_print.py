@@ -36,10 +36,12 @@ def print_result(result: dict[str, Any], a: argparse.Namespace) -> None:
               f"against {paced_raw['broker']:.0f}, workers {paced_kq['subscribers']:.0f} "
               f"against {paced_raw['subscribers']:.0f})")
     slow_raw, slow_kq = raw.get("paced_hiccups"), kq.get("paced_hiccups")
+    share_slow = (share or {}).get("paced_hiccups")
     if slow_raw and slow_kq:  # stretches in which every process ran slower: the p99's tail
         print("the machine slowed by itself during the paced runs (ops/hiccups.py): " + "; ".join(
             f"{kind} {s['stretches']:.0f} times, {s['slowed_ms']:.0f} ms in all, at worst "
-            f"{s['worst_factor']:.0f}x" for kind, s in (("raw", slow_raw), ("kq", slow_kq)))
+            f"{s['worst_factor']:.0f}x" for kind, s in (("raw", slow_raw), ("kq", slow_kq),
+                                                        ("share", share_slow)) if s)
             + f" (steal: raw {paced_raw.get('stolen', 0):.1f}, kq {paced_kq.get('stolen', 0):.1f}"
             " us per message)")
     kafka_raw, kafka_kq = raw.get("kafka_per_msg_paced", {}), kq.get("kafka_per_msg_paced", {})

@@ -15,6 +15,7 @@ from ops.bench import broker_cpu, latency, spawn
 from ops.bench_kafka import grown_per_msg
 from ops.bench_roles import publish
 from ops.bench_threads import machine_cpu_seconds, per_msg
+from ops.bench_watch import bystander, slowed
 
 
 def share_group(bs: str, group: str) -> None:
@@ -64,11 +65,14 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     clients.ensure_topics(clients.admin(bs), [paced])
     share_group(bs, paced)
     members, outs, ready = share_members(bs, paced, paced, subs, tmp)
+    watch = bystander()
     warm_until = time.monotonic() + 60
     while not all(r.exists() for r in ready) and time.monotonic() < warm_until:
         publish(bs, paced, 1)
         time.sleep(0.1)
+    paced_wall = time.time()
     publish(bs, paced, int(rate * 5), rate, paced=True)
+    hiccups = slowed(watch, paced_wall)  # to the last publish: the members idle a while more
     for m in members:
         m.wait()
     lat = [x for o in outs for x in json.loads(o.read_text())["lat"]]
@@ -76,4 +80,5 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
            "machine": machine_s}
     return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
             "first_delivery_s": first - start, "redelivered": delivered - n,
-            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n), "kafka_per_msg": kafka}
+            **latency(lat), "cpu_us_per_msg": per_msg(cpu, n), "kafka_per_msg": kafka,
+            "paced_hiccups": hiccups}
