@@ -41,7 +41,7 @@ def work() -> float:
 
 
 def sample(seconds: float) -> list[Unit]:
-    """Units for `seconds`, or until SIGTERM with 0."""
+    """Units for `seconds` (0: with no end), or until a SIGTERM (how ops/bench.py stops it)."""
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     units = []
