@@ -80,8 +80,8 @@ def paced_cpu(before: PacedStart, service_cpu_s: float, broker_cpu_s: float,
     with, where the drain's figures spread each batch's costs over hundreds of messages),
     from its first publish to its last ack (now); `service_cpu_s`, `broker_cpu_s`: their
     CPU seconds now. The workers' (`subscribers`) is added once they have exited.
-    `stolen`: the time the hypervisor ran something else while this machine's processes
-    wanted its cores, the origin of most latency stalls on a shared virtual machine."""
+    `stolen`: the time the hypervisor reported running something else while this machine's
+    processes wanted its cores (the slowdowns ops/hiccups.py sees may come with none)."""
     return per_msg({"service": service_cpu_s - before[0], "broker": broker_cpu_s - before[2],
                     "machine": machine_cpu_seconds() - before[1],
                     "stolen": stolen_seconds() - before[3]}, n)
