@@ -2,11 +2,10 @@
 
 Every instance of one config joins the consumer group PREFIX.service on the command topic,
 which has one partition per shard (cooperative-sticky assignment). The partitions the group
-assigns are the shards this instance owns; each is served by a `Service` in a thread of its
-own. On assign a shard's service restores (local RocksDB + the journal tail) and writes its
-takeover marker before anything else (broker.service.fence); on revoke it finishes the batch
-in flight and stops. The group's member only holds the assignment: its partitions are
-paused, each shard's service reads its commands itself.
+assigns are the shards this instance owns, each served by a `Service` in a thread of its own.
+On assign a shard's service restores (local RocksDB + the journal tail) and writes its
+takeover marker first (broker.service.fence); on revoke it finishes its batch and stops. The
+group's member only holds the assignment: each shard's service reads its commands itself.
 
 With `standby_replicas = 1` each shard is also kept warm by the next live instance after
 its owner, in name order (broker.service.standby). Who is live and who owns what comes from
@@ -123,9 +122,8 @@ class Instance:
             self._stop_all(time.monotonic() + STOP_WITHIN_S)
 
     def _check_group_answer(self, record: Any, admin: Any) -> None:
-        """The group loop reads no records of its own (its assignment is all it wants), but
-        a refusal from the group coordinator comes as an error in their place: one that
-        asking again cannot mend ends the start, naming the setting (exit 2)."""
+        """The group loop reads no records, but a coordinator's refusal comes as an error in
+        their place: one that asking again cannot mend ends the start, naming the setting."""
         if record is None or record.error() is None:
             return
         why = joining.refusal(record.error(), self.config, admin)
@@ -169,6 +167,8 @@ class Instance:
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
+        log.info("instance %s stopped in %.1f s", self.name,
+                 time.monotonic() - deadline + STOP_WITHIN_S)
 
     def _check_same_config(self) -> None:
         """Instances of one topic prefix share the shards, so they must share the queues: a

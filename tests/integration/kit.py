@@ -18,6 +18,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from broker.config import parse_config
 from broker.kafka import clients
+from broker.service.instance import STOP_WITHIN_S
 from broker.service.service import Service
 
 T = TypeVar("T")
@@ -173,8 +174,8 @@ class ServeProcess:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
+        try:  # kq's own bound on a clean stop, and the interpreter's exit beyond it
+            return self.proc.wait(STOP_WITHIN_S + 15)
         except subprocess.TimeoutExpired:  # never left running behind a test
             self.proc.kill()
             self.proc.wait()

@@ -177,13 +177,15 @@ def shards_move_on_add_kill_and_freeze(bootstrap: str, tmp_path: Path, protocol:
         woke = (tmp_path / "b.log").read_text()
         assert "lost shard" in woke or "took it over" in woke or "released shard" in woke
     finally:
-        for proc in (a, b):
-            if proc is not None and proc.proc is not None:
-                proc.proc.send_signal(signal.SIGCONT)
-                proc.stop()
-        for log in sorted(tmp_path.glob("*.log")):  # shown by pytest when the test fails
-            print(f"--- {log.name} (last 40 lines)\n" + "\n".join(  # noqa: T201
-                log.read_text().splitlines()[-40:]))
+        try:
+            for proc in (a, b):
+                if proc is not None and proc.proc is not None:
+                    proc.proc.send_signal(signal.SIGCONT)
+                    proc.stop()
+        finally:
+            for log in sorted(tmp_path.glob("*.log")):  # shown by pytest when the test fails
+                print(f"--- {log.name} (last 40 lines)\n" + "\n".join(  # noqa: T201
+                    log.read_text().splitlines()[-40:]))
 
 
 def test_a_shard_count_other_than_the_journals_is_refused_with_exit_2(bootstrap, tmp_path):
