@@ -79,6 +79,8 @@ class Metrics:
             start_http_server(port, registry=self.registry)
 
     def observe(self, engine: Engine, transitions: list[Transition], records_in: int) -> None:
+        if not transitions and not records_in:  # an idle turn of the loop: nothing to count
+            return
         counts = tally(transitions)
         for (queue, kind, reason), n in counts.items():
             self.transitions.labels(queue, kind.value, reason).inc(n)

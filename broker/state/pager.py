@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import math
 import shutil
 import struct
 from collections.abc import Callable, Iterator
@@ -35,70 +34,14 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 from broker.engine.queue import Message
 from broker.state.held import HeldPayloads
 from broker.state.layout import decode_message, encode_message
+from broker.state.pager_rows import NO_PRIORITY, SEQ, fields, order_key, row, row_message
 from broker.state.rocks import MemtableShedder, bounded_options
 from broker.values import Bookmark
 
 SEP: Final = b"\x00"
-_SEQ: Final = struct.Struct(">q")
-_LEN: Final = struct.Struct("<H")
-_PAYLOAD_LEN: Final = struct.Struct("<I")  # 0: no payload in the row (read from the store)
-# (a row: _LEN, the packed message, _PAYLOAD_LEN, the payload, the bookmark; see _bounds)
 PENDING_LIMIT: Final = 4096  # puts held back before they are written
 _TIME, _TIME_BIAS = struct.Struct(">Q"), 1 << 63  # a signed time, as bytes that sort as it
-_NO_PRIORITY: Final = b"\x01" + bytes(8)  # order_key's head for a message without a priority
-
-
-def order_key(order: tuple[Any, int]) -> bytes:
-    """`Message.order` as bytes that sort the same way: (-priority or inf, seq), or in a
-    sorted queue ((kind, number or string), seq)."""
-    first, seq = order
-    if first == math.inf:  # the usual order, (no priority, seq): first, without the tests
-        return _NO_PRIORITY + _SEQ.pack(seq)
-    if isinstance(first, tuple):
-        kind, value = first
-        body = (value.encode().replace(b"\x00", b"\x00\xff") + b"\x00\x00"
-                if isinstance(value, str) else _double(value))
-        return b"\x02" + bytes([kind]) + body + _SEQ.pack(seq)
-    return b"\x00" + _double(first) + _SEQ.pack(seq)
-
-
-_BITS: Final = struct.Struct(">Q")  # a double's 64 bits, big-endian
-
-
-def _double(value: float) -> bytes:
-    """A float as 8 bytes that sort as it does (-0.0 as 0.0: they are equal, and their tie
-    must be broken by seq, as in memory, not by the sign bit)."""
-    (bits,) = _BITS.unpack(struct.pack(">d", value + 0.0))
-    if bits >> 63:  # negative: flip every bit, so larger magnitudes sort first
-        return _BITS.pack(bits ^ 0xFFFF_FFFF_FFFF_FFFF)
-    return _BITS.pack(bits | 1 << 63)  # positive: above every negative
-
-
-def _row(packed: bytes, payload: bytes, bm: bytes) -> bytes:
-    """An o key's value: the packed message, the packed payload (or none), the bookmark."""
-    return b"".join((_LEN.pack(len(packed)), packed, _PAYLOAD_LEN.pack(len(payload)), payload,
-                     bm))
-
-
-def _fields(data: bytes) -> tuple[bytes, bytes, bytes]:
-    """An o key's value as (packed message, packed payload or b"", bookmark text)."""
-    end, start, after = _bounds(data)
-    return data[2:end], data[start:after], data[after:]
-
-
-def _message(data: bytes) -> Message:
-    """An o key's value's message (its payload left where it is: not copied)."""
-    end, _, after = _bounds(data)
-    return decode_message(Bookmark.parse(data[after:].decode()), data[2:end])
-
-
-def _bounds(data: bytes) -> tuple[int, int, int]:
-    """Where a row's packed message ends, its payload starts and its bookmark starts. The
-    lengths are read byte by byte: compiled, an index is a load, where `Struct.unpack_from`
-    is a call through Python that builds a tuple."""
-    end = 2 + (data[0] | data[1] << 8)
-    plen = data[end] | data[end + 1] << 8 | data[end + 2] << 16 | data[end + 3] << 24
-    return end, end + 4, end + 4 + plen
+NEVER: Final = (1 << 63) - 1  # the next timer's time, for a queue with none
 
 
 def _no_payload(bm: Bookmark) -> bytes | None:
@@ -147,6 +90,9 @@ class RocksPager:
         # from the front: RocksDB keeps tombstones until compaction).
         self._low: dict[str, bytes] = {}
         self._timers_low: dict[str, bytes] = {}  # the same for the timers
+        # Per queue, a time before which no timer is due (none: not known, so look): every
+        # tick asks, and an idle queue's answer costs no seek into RocksDB this way.
+        self._timers_next: dict[str, int] = {}
         # Puts wait in one write batch until a read needs them (or it holds PENDING_LIMIT):
         # a queue fed faster than it drains pages out one message per arrival, and RocksDB
         # writes them together several times faster than one by one.
@@ -240,16 +186,16 @@ class RocksPager:
         if not items:
             return
         put, head = self._pending.put, queue.encode() + SEP
-        o, b, s, pack_seq = b"o" + head, b"b" + head, b"s" + head, _SEQ.pack
+        o, b, s, pack_seq = b"o" + head, b"b" + head, b"s" + head, SEQ.pack
         lowest = None
         for order, seq, text, packed, payload in items:
             key = order_key(order)
             bm = text.encode()
             if lowest is None or key < lowest:
                 lowest = key
-            put(o + key, _row(packed, payload, bm))
+            put(o + key, row(packed, payload, bm))
             put(b + bm, key)
-            if not key.startswith(_NO_PRIORITY):  # (in arrival order, the o key says it)
+            if not key.startswith(NO_PRIORITY):  # (in arrival order, the o key says it)
                 put(s + pack_seq(seq), key)
         assert lowest is not None  # (items is not empty)
         self._lower(queue, o + lowest)
@@ -259,8 +205,8 @@ class RocksPager:
     def _drop(self, batch: WriteBatch, queue: str, order: bytes, msg: Message) -> None:
         batch.delete(self._key(b"o", queue, order))
         batch.delete(self._key(b"b", queue, str(msg.bookmark).encode()))
-        if not order.startswith(_NO_PRIORITY):
-            batch.delete(self._key(b"s", queue, _SEQ.pack(msg.seq)))
+        if not order.startswith(NO_PRIORITY):
+            batch.delete(self._key(b"s", queue, SEQ.pack(msg.seq)))
         self._counts[queue] -= 1
 
     def get(self, queue: str, bm: Bookmark) -> Message | None:
@@ -269,7 +215,7 @@ class RocksPager:
         if order is None:
             return None
         data = self._db.get(self._key(b"o", queue, bytes(order)))
-        return None if data is None else _message(bytes(data))
+        return None if data is None else row_message(bytes(data))
 
     def take(self, queue: str, bm: Bookmark) -> Message | None:
         self._flush()
@@ -277,7 +223,7 @@ class RocksPager:
         data: bytes | None = order and self._db.get(self._key(b"o", queue, order))
         if order is None or data is None:
             return None
-        packed, payload, _ = _fields(data)
+        packed, payload, _ = fields(data)
         msg = decode_message(bm, packed)
         if payload:
             self._held.hold(bm, payload)
@@ -308,7 +254,7 @@ class RocksPager:
             if len(keys) >= limit:
                 break
             keys.append(key)
-            rows.append(_fields(value))
+            rows.append(fields(value))
         if not keys:
             return out
         # parsed together: the topic and partition once per run of them (mostly one run)
@@ -319,8 +265,8 @@ class RocksPager:
                 self._held.hold(bookmark, payload)
             out.append(msg)
             delete(by_bm + bm)
-            if not key.startswith(_NO_PRIORITY, len(prefix)):
-                delete(by_seq + _SEQ.pack(msg.seq))
+            if not key.startswith(NO_PRIORITY, len(prefix)):
+                delete(by_seq + SEQ.pack(msg.seq))
         # What was taken is the front of the o keys: deleted as one range (each key written
         # to RocksDB costs its memtable an insert, a range one). One in arrival order has no
         # s key.
@@ -333,7 +279,7 @@ class RocksPager:
         prefix = self._key(b"o", queue, b"")
         for key, value in self._scan(prefix, self._from(queue)):
             self._low[queue] = key
-            return _message(value).order
+            return row_message(value).order
         return None
 
     def after(self, queue: str, order: Any, limit: int) -> list[Message]:
@@ -344,7 +290,7 @@ class RocksPager:
         for _, value in self._scan(prefix, start):
             if len(out) >= limit:
                 break
-            out.append(_message(value))
+            out.append(row_message(value))
         return out
 
     def by_seq(self, queue: str, after_seq: int) -> Iterator[Message]:
@@ -352,35 +298,39 @@ class RocksPager:
         arrival order by their o keys, the others by their s keys, merged."""
         for _, value in heapq.merge(self._plain_by_seq(queue, after_seq),
                                     self._ranked_by_seq(queue, after_seq), key=_seq_of):
-            yield _message(value)
+            yield row_message(value)
 
     def _plain_by_seq(self, queue: str, after_seq: int) -> Iterator[tuple[int, bytes]]:
         """(seq, o value) of the messages in arrival order (no s keys): their o keys."""
-        prefix = self._key(b"o", queue, _NO_PRIORITY)
-        start = max(self._from(queue), prefix + _SEQ.pack(after_seq + 1))
+        prefix = self._key(b"o", queue, NO_PRIORITY)
+        start = max(self._from(queue), prefix + SEQ.pack(after_seq + 1))
         for key, value in self._scan(prefix, start):
-            yield _SEQ.unpack_from(key, len(prefix))[0], value
+            yield SEQ.unpack_from(key, len(prefix))[0], value
 
     def _ranked_by_seq(self, queue: str, after_seq: int) -> Iterator[tuple[int, bytes]]:
         """(seq, o value) of the messages with s keys, in arrival order."""
         prefix = self._key(b"s", queue, b"")
-        for key, order in self._scan(prefix, prefix + _SEQ.pack(after_seq + 1)):
+        for key, order in self._scan(prefix, prefix + SEQ.pack(after_seq + 1)):
             data = self._db.get(self._key(b"o", queue, order))
             if data is not None:
-                yield _SEQ.unpack_from(key, len(prefix))[0], bytes(data)
+                yield SEQ.unpack_from(key, len(prefix))[0], bytes(data)
 
     def count(self, queue: str) -> int:
         return self._counts.get(queue, 0)
 
     def add_timer(self, queue: str, at: int, seq: int, bm: Bookmark) -> None:
-        key = self._key(b"t", queue, _TIME.pack(at + _TIME_BIAS) + _SEQ.pack(seq))
+        key = self._key(b"t", queue, _TIME.pack(at + _TIME_BIAS) + SEQ.pack(seq))
         low = self._timers_low.get(queue)
         if low is not None and key < low:
             self._timers_low[queue] = key
+        if at < self._timers_next.get(queue, at):
+            self._timers_next[queue] = at
         self._pending.put(key, str(bm).encode())
         self._pended(1)
 
     def due_timers(self, queue: str, now: int, limit: int) -> list[tuple[int, int, Bookmark]]:
+        if now < self._timers_next.get(queue, now):
+            return []
         prefix = self._key(b"t", queue, b"")
         out: list[tuple[int, int, Bookmark]] = []
         batch = WriteBatch(raw_mode=True)
@@ -389,12 +339,14 @@ class RocksPager:
             (biased,) = _TIME.unpack_from(key, len(prefix))
             at = biased - _TIME_BIAS
             if at > now or len(out) >= limit:
-                self._timers_low[queue] = key
+                self._timers_low[queue], self._timers_next[queue] = key, at
                 break
-            (seq,) = _SEQ.unpack_from(key, len(prefix) + _TIME.size)
+            (seq,) = SEQ.unpack_from(key, len(prefix) + _TIME.size)
             out.append((at, seq, Bookmark.parse(value.decode())))
             batch.delete(key)
             self._timers_low[queue] = key + b"\x00"
+        else:
+            self._timers_next[queue] = NEVER
         if out:
             self._db.write(batch)
         return out

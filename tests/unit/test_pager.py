@@ -113,3 +113,30 @@ def test_both_pagers_give_back_due_timers_alike_earliest_first(tmp_path, seed):
             assert got == sorted(got) and all(at <= now for at, _, _ in got)
     assert rocks.due_timers("Q", 10**12, 10**6) == memory.due_timers("Q", 10**12, 10**6)
     assert rocks.due_timers("other", 10**12, 5) == []
+
+
+def test_a_tick_with_no_timer_due_does_not_read_the_pager(tmp_path):
+    # every loop turn asks for due timers: an idle queue's answer comes from memory, with
+    # no seek into RocksDB (a read first writes out the puts waiting in the pager's batch)
+    rocks = RocksPager(tmp_path / "pager", 32 << 20)
+    rocks.add_timer("Q", 1_000, 1, Bookmark("T", 0, 1))
+    assert rocks.due_timers("Q", 10, 5) == []  # read once: the next is due at 1,000
+    assert rocks.due_timers("other", 10, 5) == []  # read once: none at all
+    rocks.put("Q", Message(Bookmark("T", 0, 9), 9, 9))  # a put waiting in the batch
+    assert rocks.due_timers("Q", 999, 5) == [] and rocks.due_timers("other", 10**12, 5) == []
+    assert rocks._pending_items == 1, "the pager was read"
+    rocks.add_timer("Q", 400, 3, Bookmark("T", 0, 3))  # earlier than any known: read again
+    assert rocks.due_timers("Q", 600, 5) == [(400, 3, Bookmark("T", 0, 3))]
+    assert rocks._pending_items == 0
+    assert rocks.due_timers("Q", 1_000, 5) == [(1_000, 1, Bookmark("T", 0, 1))]
+
+
+def test_timers_a_clean_stop_kept_are_due_after_the_start(tmp_path):
+    first = RocksPager(tmp_path / "pager", 32 << 20)
+    first.add_timer("Q", 1_000, 1, Bookmark("T", 0, 1))
+    first.keep({"queues": {}})
+    first.close()
+    again = RocksPager(tmp_path / "pager", 32 << 20, reuse=True)
+    assert again.kept is not None
+    again.add_timer("Q", 2_000, 2, Bookmark("T", 0, 2))  # a later one, before any tick
+    assert again.due_timers("Q", 1_500, 5) == [(1_000, 1, Bookmark("T", 0, 1))]
