@@ -142,6 +142,11 @@ def serve(
                           "them from the journal")
         logging.shutdown()
         os._exit(EXIT_FAILURE)
+    if not service.left_group:  # its close still runs in librdkafka: not under a teardown
+        console.print("kq: stopped (still a member of the group: its shards move to the "
+                      "other instances after session_timeout)")
+        logging.shutdown()
+        os._exit(0)
     console.print("kq: stopped")
 
 

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from broker.config import Config
 from broker.errors import ConfigError, FencedError
@@ -73,6 +73,7 @@ class Instance:
         self.incarnation, self.started_ms = uuid.uuid4().hex, now_ms()
         self._duplicate = False  # another live process has this name: leave no trace
         self.unfinished: list[int] = []  # shards still in a batch when the stop gave up
+        self.left_group = True  # False: its close still runs (in librdkafka) at the exit
 
     def stop(self) -> None:
         self._stop.set()
@@ -137,7 +138,7 @@ class Instance:
         flight is finished side by side; a shard that cannot finish in time (Kafka not
         taking its batch) is left as a crash would leave it, which a restart recovers."""
         self.owned.clear()  # any later commit check of a straggler finds the shard gone
-        runners = {**self.runners, **self.leaving}
+        runners, started = {**self.runners, **self.leaving}, time.monotonic()
         for runner in runners.values():
             runner.service.stop()
         for standby in self.standbys.values():
@@ -159,16 +160,15 @@ class Instance:
             self.unfinished = stuck
             return
         self.runners.clear()
-        self.leaving.clear()
-        try:  # leaves the group: the others take the shards at once
-            self._group.close()
-        except KafkaException as exc:  # not in place of why the process stops (a lost Kafka)
-            log.warning("instance %s: leaving the group failed: %s", self.name, exc)
+        self.leaving.clear()  # a failure to leave is said, not raised (a lost Kafka's place)
+        self.left_group, why = joining.leave(
+            self._group, max(1.0, deadline - time.monotonic() - STOP_STATUS_S))
+        if why is not None:
+            log.warning("instance %s: %s; its shards move after session_timeout", self.name, why)
         if not self._duplicate:  # the name's live holder goes on
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
-        log.info("instance %s stopped in %.1f s", self.name,
-                 time.monotonic() - deadline + STOP_WITHIN_S)
+        log.info("instance %s stopped in %.1f s", self.name, time.monotonic() - started)
 
     def _check_same_config(self) -> None:
         """Instances of one topic prefix share the shards, so they must share the queues: a

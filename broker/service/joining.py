@@ -1,4 +1,5 @@
-"""Why the group coordinator refused this instance, when asking again cannot mend it.
+"""The instance's group membership: its settings, why the group coordinator refused it
+when asking again cannot mend it, and leaving the group within a stop's bound.
 
 librdkafka retries a refused JoinGroup for ever and reports the refusal only as an error
 event; an instance that did not look would wait at "joining group" with no word of why.
@@ -8,6 +9,7 @@ These answers end the start with a ConfigError (exit 2) that names the setting t
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -117,3 +119,25 @@ def refusal(err: KafkaError, config: Config, admin: Any) -> str | None:
     if code == KafkaError.UNSUPPORTED_VERSION:
         return (f"the Kafka broker does not support the group protocol kq uses: {err.str()}")
     return None
+
+
+def leave(group: Any, within_s: float) -> tuple[bool, str | None]:
+    """Close the group's member (it leaves the group, and the others take its shards at
+    once), waiting at most `within_s`: whether the close ended, and what went wrong (None:
+    nothing). librdkafka's close can wait
+    on a rebalance under way (an assignment arriving as it closes) well past a stop's bound;
+    a member not closed by then stays in the group until its session times out."""
+    failed: list[str] = []
+
+    def close() -> None:
+        try:
+            group.close()
+        except KafkaException as exc:  # (Kafka gone: the session times out the same way)
+            failed.append(f"leaving the group failed: {exc}")
+
+    closing = threading.Thread(target=close, daemon=True, name="kq-leave-group")
+    closing.start()
+    closing.join(within_s)
+    if closing.is_alive():
+        return False, f"leaving the group took over {within_s:.0f} s"
+    return True, failed[0] if failed else None
