@@ -233,8 +233,7 @@ class Instance:
     # -- the group's decisions -------------------------------------------------------------
     def _turned(self) -> None:
         """Called on every turn of the group loop (every 0.1 s) and as an assignment comes: a
-        longer gap means this process was frozen, and what the group said just before, or
-        says just after, may be stale."""
+        longer gap means this process was frozen (what the group said around it may be stale)."""
         now = time.monotonic()
         if now - self._last_turn > self._frozen_s:
             self._woke_at = now
@@ -243,9 +242,8 @@ class Instance:
     def _owns(self, shard: int) -> bool:
         """Whether the group gives this instance `shard`. Just after a freeze it first waits
         two heartbeat intervals: a woken member hears of its eviction at its first heartbeat,
-        and an assignment it took in before the freeze (soak seed 25: a shard given to it,
-        then to another while it was frozen) must not have it write a takeover marker that
-        would fence the rightful owner."""
+        and a shard assigned before the freeze (and to another during it) must not have it
+        write a takeover marker that would fence the rightful owner."""
         now = time.monotonic()
         if now - self._last_turn > self._frozen_s:
             self._woke_at = now  # woken, and the group loop has not turned since: it is next
@@ -258,6 +256,8 @@ class Instance:
         self._turned()
         consumer.incremental_assign(partitions)
         consumer.pause(partitions)  # nothing is read here: each shard reads its own
+        if self._stop.is_set():  # come as the stop leaves the group: never served here
+            return
         for tp in partitions:
             self.owned.add(tp.partition)
             self._start_runner(tp.partition)

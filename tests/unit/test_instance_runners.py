@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from broker.config import parse_config
 from broker.service import instance as instance_module
@@ -162,6 +162,15 @@ def test_a_group_member_whose_close_hangs_does_not_hold_the_stop_past_its_bound(
     assert [s.stopped for s in kit.published] == [True]
     assert "leaving the group took over" in caplog.text
     release.set()
+
+
+def test_a_shard_assigned_as_the_stop_leaves_the_group_is_not_served(stopping):
+    # a service started then would write its takeover marker over the shard's new owner's
+    inst, _ = stopping
+    group = SimpleNamespace(incremental_assign=lambda tps: None, pause=lambda tps: None)
+    inst.stop()
+    inst._assigned(group, [TopicPartition("kq.commands", 0)])
+    assert not inst.runners and not inst.owned and StuckService.made == []
 
 
 def test_a_shard_that_cannot_finish_in_time_is_left_as_a_crash_leaves_it(stopping, caplog):
