@@ -124,9 +124,9 @@ def refusal(err: KafkaError, config: Config, admin: Any) -> str | None:
 def leave(group: Any, within_s: float) -> tuple[bool, str | None]:
     """Close the group's member (it leaves the group, and the others take its shards at
     once), waiting at most `within_s`: whether the close ended, and what went wrong (None:
-    nothing). librdkafka's close can wait
-    on a rebalance under way (an assignment arriving as it closes) well past a stop's bound;
-    a member not closed by then stays in the group until its session times out."""
+    nothing). librdkafka's close can wait on a rebalance under way (an assignment arriving
+    as it closes) well past a stop's bound; a member not closed by then stays in the group
+    until its session times out."""
     failed: list[str] = []
 
     def close() -> None:
