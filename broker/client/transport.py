@@ -28,7 +28,7 @@ class Transport:
         clients.check_reachable(bootstrap_servers, extra)
         self.deliver_topic = f"{topic_prefix}.deliver.{name}"
         self.admin = clients.admin(bootstrap_servers, extra)
-        clients.ensure_topics(self.admin, [self.deliver_topic])
+        clients.ensure_topics(self.admin, [self.deliver_topic], tuning=clients.SMALL_INDEXES)
         # Commands start on the shared topic; a service with [auth] refuses them there, and
         # the client moves to its principal's own topic (see use_own_command_topic).
         self.commands_topic = f"{topic_prefix}.commands"

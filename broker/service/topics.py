@@ -97,10 +97,10 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
     # The journal and the newest snapshot are the state: a restore loads the one and
     # replays the other after it.
     clients.ensure_topics(admin, [topics.journal], partitions=shards,
-                          config=journal_settings(svc))
+                          config=journal_settings(svc), tuning=clients.SMALL_INDEXES)
     apply_journal_retention(admin, topics.journal, svc)
     clients.ensure_topics(admin, [topics.snapshots], partitions=shards, config=SNAPSHOT_TOPIC)
-    clients.ensure_topics(admin, command_topics, partitions=shards)
+    clients.ensure_topics(admin, command_topics, partitions=shards, tuning=clients.SMALL_INDEXES)
     clients.ensure_topics(admin, [topics.flow, topics.instances])
     # a client may have created a command topic first, with one partition
     grow = [NewPartitions(t, shards) for t in command_topics

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
+from confluent_kafka.admin import ConfigResource, ResourceType
 
 from broker import wire
 from broker.client import QueueClient
@@ -106,6 +107,26 @@ def test_a_topic_just_created_is_read_and_written_at_once(kafka_bootstrap):
             assert producer.flush(10) == 0
     finally:
         reader.close()
+
+
+def test_kqs_busiest_topics_are_made_with_small_segment_indexes(kafka_bootstrap, tmp_path):
+    # A new segment's index of 10 MiB (Kafka's default) held the partition's writer for
+    # 25-180 ms when first written on this machine: a new worker's delivery topic held back
+    # every produce of the service (one connection's requests are answered in turn)
+    u = uid()
+    cfg = write_config(tmp_path / "kq.toml", f"kqi{u}", [f"I_{u}"], tmp_path / "state",
+                       kafka_bootstrap)
+    serve = ServeProcess(cfg, tmp_path / "serve.log").start()
+    try:
+        with QueueClient(kafka_bootstrap, name=f"w{u}", topic_prefix=f"kqi{u}"):
+            admin = clients.admin(kafka_bootstrap)
+            for topic in (f"kqi{u}.journal", f"kqi{u}.commands", f"kqi{u}.deliver.w{u}"):
+                resource = ConfigResource(ResourceType.TOPIC, topic)
+                got = admin.describe_configs([resource])[resource].result(10)
+                assert {k: got[k].value for k in clients.SMALL_INDEXES} == \
+                    clients.SMALL_INDEXES, topic
+    finally:
+        assert serve.stop() == 0
 
 
 def test_serve_starts_every_time_on_a_prefix_nobody_used(kafka_bootstrap, tmp_path):
