@@ -37,10 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARE_RECORD_LOCKS = 2000  # Kafka's group.share.partition.max.record.locks default (4.x)
 sys.path.insert(0, str(ROOT))
 
-from broker.kafka import clients  # noqa: E402
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
-from ops.bench_kafka import counters_now, grown_per_msg, stats_env  # noqa: E402
+from ops.bench_kafka import counters_now, grown_per_msg, make_topics, stats_env  # noqa: E402
 from ops.bench_roles import Figures, percentile, publish  # noqa: E402
 from ops.bench_threads import (  # noqa: E402
     cpu_by_thread,
@@ -79,8 +78,7 @@ def steady(files: list[Path], n: int, end_wall: float) -> float:
 
 def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     run = f"raw{uuid.uuid4().hex[:6]}"
-    clients.ensure_topics(clients.admin(bs), [f"{run}.src"] + [f"{run}.{k}{i}" for i in range(subs)
-                                                               for k in ("d", "ack")])
+    make_topics(bs, [f"{run}.src"] + [f"{run}.{k}{i}" for i in range(subs) for k in ("d", "ack")])
     publish(bs, f"{run}.src", n)
     outs = [tmp / f"{run}-{i}.json" for i in range(subs)]
     machine_before, broker_before = machine_cpu_seconds(), broker_cpu(bs)
@@ -102,8 +100,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
            "machine": machine_s}
     # paced phase for latency
     run2 = f"{run}p"
-    clients.ensure_topics(clients.admin(bs), [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in
-                                                                range(subs) for k in ("d", "ack")])
+    make_topics(bs, [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in range(subs) for k in ("d", "ack")])
     outs2 = [tmp / f"{run2}-{i}.json" for i in range(subs)]
     counted = {role: tmp / f"{run2}-kafka-{role}" for role in ("service", "subscribers")}
     workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i]),
@@ -211,7 +208,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
            profile: Path | None = None) -> Figures:
     prefix = f"kqb{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
-    clients.ensure_topics(clients.admin(bs), [queue])
+    make_topics(bs, [queue])
     publish(bs, queue, n)
     counted = {role: tmp / f"{prefix}-kafka-{role}" for role in ("service", "subscribers")}
     proc, _ = start_service(write_config(tmp, bs, prefix, queue, max(backlog, 100)),

@@ -37,6 +37,7 @@ from broker import wire  # noqa: E402
 from broker.kafka import clients  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench import start_service, write_config  # noqa: E402
+from ops.bench_kafka import make_topics  # noqa: E402
 from ops.bench_roles import percentile, publish  # noqa: E402
 
 HOPS = ("source", "commit", "deliver", "total")
@@ -60,7 +61,7 @@ def summary(rows: Sequence[tuple[float, ...]]) -> dict[str, dict[str, float]]:
 def run(bs: str, tmp: Path, rate: float, seconds: float) -> dict[str, dict[str, float]]:
     prefix = f"kqh{uuid.uuid4().hex[:6]}"
     queue = f"{prefix}_Q"
-    clients.ensure_topics(clients.admin(bs), [queue])
+    make_topics(bs, [queue])
     cfg = write_config(tmp, bs, prefix, queue, BACKLOG)
     proc, _ = start_service(cfg, tmp / f"{prefix}.log")
     try:

@@ -7,7 +7,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from broker.kafka import clients
 from broker.kafka import stats as kafka_stats
+
+
+def make_topics(bs: str, names: list[str]) -> None:
+    """The topics a phase measures, made as kq makes its own busiest ones (small segment
+    indexes, `broker.kafka.clients.SMALL_INDEXES`): otherwise the raw relay's paced run, on
+    nine new topics, paid for Kafka's first index write of each (25-180 ms on this machine,
+    holding back a client's other writes) and kq's queue topic did not, which made the
+    baseline's latency look worse than Kafka and Python make it."""
+    clients.ensure_topics(clients.admin(bs), names, tuning=clients.SMALL_INDEXES)
 
 
 def stats_env(folder: Path | None) -> dict[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from broker.kafka import clients
 from ops.bench import broker_cpu, latency, spawn
-from ops.bench_kafka import grown_per_msg
+from ops.bench_kafka import grown_per_msg, make_topics
 from ops.bench_roles import publish
 from ops.bench_threads import machine_cpu_seconds, per_msg
 from ops.bench_watch import bystander, slowed
@@ -42,7 +42,7 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     """Kafka share groups (KIP-932): `subs` share consumers of one group on the topic, each
     acknowledging every record explicitly, as kq's workers ack every message."""
     run = f"shr{uuid.uuid4().hex[:6]}"
-    clients.ensure_topics(clients.admin(bs), [run])
+    make_topics(bs, [run])
     share_group(bs, run)
     publish(bs, run, n)
     broker_before, machine_before = broker_cpu(bs), machine_cpu_seconds()
@@ -62,7 +62,7 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     first = min(g["first"] for g in got if g["count"])
     # paced: warm-up records until every member has one, then --rate for 5 s
     paced = f"{run}p"
-    clients.ensure_topics(clients.admin(bs), [paced])
+    make_topics(bs, [paced])
     share_group(bs, paced)
     members, outs, ready = share_members(bs, paced, paced, subs, tmp)
     watch = bystander()
