@@ -101,7 +101,7 @@ def prepare_topics(admin: AdminClient, topics: Topics, command_topics: list[str]
     apply_journal_retention(admin, topics.journal, svc)
     clients.ensure_topics(admin, [topics.snapshots], partitions=shards, config=SNAPSHOT_TOPIC)
     clients.ensure_topics(admin, command_topics, partitions=shards, tuning=clients.SMALL_INDEXES)
-    clients.ensure_topics(admin, [topics.flow, topics.instances])
+    clients.ensure_topics(admin, [topics.flow, topics.instances], tuning=clients.SMALL_INDEXES)
     # a client may have created a command topic first, with one partition
     grow = [NewPartitions(t, shards) for t in command_topics
             if existing.get(t) is not None and existing[t] < shards]

@@ -120,7 +120,8 @@ def test_kqs_busiest_topics_are_made_with_small_segment_indexes(kafka_bootstrap,
     try:
         with QueueClient(kafka_bootstrap, name=f"w{u}", topic_prefix=f"kqi{u}"):
             admin = clients.admin(kafka_bootstrap)
-            for topic in (f"kqi{u}.journal", f"kqi{u}.commands", f"kqi{u}.deliver.w{u}"):
+            for topic in (f"kqi{u}.journal", f"kqi{u}.commands", f"kqi{u}.flow",
+                          f"kqi{u}.instances", f"kqi{u}.deliver.w{u}"):
                 resource = ConfigResource(ResourceType.TOPIC, topic)
                 got = admin.describe_configs([resource])[resource].result(10)
                 assert {k: got[k].value for k in clients.SMALL_INDEXES} == \
