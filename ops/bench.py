@@ -12,7 +12,8 @@
 (b) kq: `kq serve` in a subprocess, subscribers with the real client, acking every message.
 
 Each runs a drain phase (N records already published, time until all are acked: msgs/s) and
-a paced phase (records published at --rate msgs/s: publish -> deliver p50/p90/p99/max), and
+a paced phase (records published at --rate msgs/s once every subscriber has had a warm-up
+record: publish -> deliver p50/p90/p99/max of the paced records), and
 reports per message by role (broker, service (the relay for raw), subscribers, machine) the
 CPU of each (`cpu_us_per_msg`, `cpu_us_per_msg_paced`) and the Kafka requests and records of
 the clients (`kafka_per_msg`, `kafka_per_msg_paced`). A subscriber's CPU counts from its
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from broker.kafka import stats as kafka_stats  # noqa: E402
 from broker.kafka.started import BROKERS, given_or_started  # noqa: E402
 from ops.bench_kafka import counters_now, grown_per_msg, make_topics, stats_env  # noqa: E402
-from ops.bench_roles import Figures, percentile, publish  # noqa: E402
+from ops.bench_roles import Figures, percentile, publish, warm_up  # noqa: E402
 from ops.bench_threads import (  # noqa: E402
     cpu_by_thread,
     cpu_seconds,
@@ -102,14 +103,16 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     run2 = f"{run}p"
     make_topics(bs, [f"{run2}.src"] + [f"{run2}.{k}{i}" for i in range(subs) for k in ("d", "ack")])
     outs2 = [tmp / f"{run2}-{i}.json" for i in range(subs)]
+    ready = [tmp / f"{run2}-{i}.ready" for i in range(subs)]
     counted = {role: tmp / f"{run2}-kafka-{role}" for role in ("service", "subscribers")}
-    workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i]),
+    workers = [spawn("_raw_sub", bs, run2, str(i), str(outs2[i]), str(ready[i]),
                      stats_dir=counted["subscribers"]) for i in range(subs)]
-    relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs), stats_dir=counted["service"])
+    relay = spawn("_relay", bs, run2, str(int(rate * 5)), str(subs), "marked",
+                  stats_dir=counted["service"])
     watch = bystander()
-    time.sleep(1)
+    warm_up(bs, f"{run2}.src", ready)
     paced_from, paced_wall = paced_start(relay.pid, broker_cpu(bs)), time.time()
-    publish(bs, f"{run2}.src", int(rate * 5), rate)
+    publish(bs, f"{run2}.src", int(rate * 5), rate, paced=True)
     relay_paced_s = wait_cpu(relay)  # (it exits once it has read the last ack)
     hiccups = slowed(watch, paced_wall)
     paced = paced_cpu(paced_from, relay_paced_s, broker_cpu(bs), int(rate * 5))
@@ -242,16 +245,17 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         cpu = {"broker": broker_s, "service": cpu_s, "subscribers": subscribers_cpu(outs),
                "machine": machine_s}
         outs2 = [tmp / f"{prefix}-p{i}.json" for i in range(subs)]
+        ready = [tmp / f"{prefix}-p{i}.ready" for i in range(subs)]
         counted["subscribers"] = tmp / f"{prefix}-kafka-paced"
         workers = [spawn("_kq_sub", bs, prefix, queue, str(outs2[i]), str(backlog),
-                         stats_dir=counted["subscribers"]) for i in range(subs)]
+                         str(ready[i]), stats_dir=counted["subscribers"]) for i in range(subs)]
         watch = bystander()
-        time.sleep(2)
+        warmed = warm_up(bs, queue, ready)
         before = counters_now(counted)
         paced_from, paced_wall = paced_start(proc.pid, broker_cpu(bs)), time.time()
-        publish(bs, queue, int(rate * 5), rate)
+        publish(bs, queue, int(rate * 5), rate, paced=True)
         # to the last ack (the workers idle 3 s more), or the workers' end if they gave up
-        wait_stat(bs, prefix, queue, "acked", n + int(rate * 5),
+        wait_stat(bs, prefix, queue, "acked", n + warmed + int(rate * 5),
                   gave_up=lambda: all(w.poll() is not None for w in workers))
         paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
         hiccups = slowed(watch, paced_wall)

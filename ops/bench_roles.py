@@ -35,6 +35,22 @@ def _consumer(bs: str, topics: list[str]) -> Consumer:
     return c
 
 
+PACED = b'"paced"'  # in the paced run's records; warm-up records before it have none
+
+
+def warm_up(bs: str, topic: str, ready: list[Path], within_s: float = 60) -> int:
+    """Publish a record every 0.1 s until every worker has one (its `ready` file exists), so
+    that the paced run is measured with every worker served (a new share group hands out
+    its first record seconds after its members subscribe); the records published."""
+    sent = 0
+    until = time.monotonic() + within_s
+    while not all(r.exists() for r in ready) and time.monotonic() < until:
+        publish(bs, topic, 1)
+        sent += 1
+        time.sleep(0.1)
+    return sent
+
+
 def publish(bs: str, topic: str, n: int, rate: float = 0, paced: bool = False) -> None:
     p = _producer(bs)
     start = time.monotonic()
@@ -82,8 +98,9 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def role_relay(bs: str, run: str, n: int, subs: int) -> None:
-    """Raw baseline: topic -> delivery topics round-robin; count acks until n."""
+def role_relay(bs: str, run: str, n: int, subs: int, marked: bool = False) -> None:
+    """Raw baseline: topic -> delivery topics round-robin; count acks until n (with
+    `marked`, of the paced run's records)."""
     c = _consumer(bs, [f"{run}.src"] + [f"{run}.ack{i}" for i in range(subs)])
     p = _producer(bs)
     acks, turn = 0, 0
@@ -95,18 +112,21 @@ def role_relay(bs: str, run: str, n: int, subs: int) -> None:
                 p.produce(f"{run}.d{turn}", rec.value(), timestamp=rec.timestamp()[1],
                           partition=0)
                 turn = (turn + 1) % subs
-            else:
+            elif not marked or PACED in (rec.value() or b""):
                 acks += 1
         p.poll(0)
     p.flush(10)
     stats.settle(c, p)
 
 
-def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
+def role_raw_sub(bs: str, run: str, i: int, out: str, ready: str = "") -> None:
+    """A relay's worker: acks every record; with `ready` (a file written at its first
+    record), times only the paced run's."""
     c = _consumer(bs, [f"{run}.d{i}"])
     p = _producer(bs)
     lat: list[float] = []
     first = 0.0
+    told, marked = False, bool(ready)  # (the ready file written; only paced records timed)
     cpu = DrainCpu()
     idle = time.monotonic()
     while time.monotonic() - idle < 3:
@@ -114,9 +134,12 @@ def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
         for rec in got:
             if rec.error():
                 continue
-            first = first or time.time()
-            cpu.started()
-            lat.append(time.time() * 1000 - rec.timestamp()[1])
+            if ready and not told:
+                told = bool(Path(ready).write_text("1"))
+            if not marked or PACED in (rec.value() or b""):
+                first = first or time.time()
+                cpu.started()
+                lat.append(time.time() * 1000 - rec.timestamp()[1])
             p.produce(f"{run}.ack{i}", rec.value(), partition=0)
             idle = time.monotonic()
         p.poll(0)
@@ -126,18 +149,25 @@ def role_raw_sub(bs: str, run: str, i: int, out: str) -> None:
     Path(out).write_text(json.dumps({"lat": lat, "cpu_s": cpu.seconds(), "first": first}))
 
 
-def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int) -> None:
+def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int,
+                ready: str = "") -> None:
+    """A kq worker: acks every message; with `ready` (a file written at its first message),
+    times only the paced run's."""
     from broker.client import QueueClient
 
     lat: list[float] = []
     first = 0.0
+    told, marked = False, bool(ready)  # (the ready file written; only paced records timed)
     cpu = DrainCpu()
     with QueueClient(bs, topic_prefix=prefix) as c:
         sub = c.subscribe(queue, max_backlog=backlog)
         for msg in sub.messages(timeout=3):
-            first = first or time.time()
-            cpu.started()
-            lat.append(time.time() * 1000 - msg.timestamp * 1000)
+            if ready and not told:
+                told = bool(Path(ready).write_text("1"))
+            if not marked or PACED in (msg.value or b""):
+                first = first or time.time()
+                cpu.started()
+                lat.append(time.time() * 1000 - msg.timestamp * 1000)
             msg.ack()
             if not sub.buffer:  # the last of what came together: timed per batch, as the
                 cpu.handled()  # other kinds are (reading the process's CPU is a system call)
@@ -171,7 +201,7 @@ def role_share_sub(bs: str, group: str, topic: str, out: str, ready: str) -> Non
                 Path(ready).write_text("1")
             count += 1
             last = now
-            if b'"paced"' in (rec.value() or b""):
+            if PACED in (rec.value() or b""):
                 lat.append(now * 1000 - rec.timestamp()[1])
             c.acknowledge(rec)
         if batch:
@@ -203,14 +233,16 @@ def role_leaser(bs: str, prefix: str, queue: str, count: int, ready: str) -> Non
 if __name__ == "__main__":
     role = sys.argv[1]
     if role == "_relay":
-        role_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        role_relay(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+                   sys.argv[6:7] == ["marked"])
     elif role == "_raw_sub":
-        role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        role_raw_sub(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], *sys.argv[6:7])
     elif role == "_leaser":
         role_leaser(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])
     elif role == "_share_sub":
         role_share_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])
     elif role == "_kq_sub":
-        role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]))
+        role_kq_sub(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6]),
+                    *sys.argv[7:8])
     else:
         raise SystemExit(f"unknown role {role!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from broker.kafka import clients
 from ops.bench import broker_cpu, latency, spawn
 from ops.bench_kafka import grown_per_msg, make_topics
-from ops.bench_roles import publish
+from ops.bench_roles import publish, warm_up
 from ops.bench_threads import machine_cpu_seconds, per_msg
 from ops.bench_watch import bystander, slowed
 
@@ -66,10 +66,7 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     share_group(bs, paced)
     members, outs, ready = share_members(bs, paced, paced, subs, tmp)
     watch = bystander()
-    warm_until = time.monotonic() + 60
-    while not all(r.exists() for r in ready) and time.monotonic() < warm_until:
-        publish(bs, paced, 1)
-        time.sleep(0.1)
+    warm_up(bs, paced, ready)
     paced_wall = time.time()
     publish(bs, paced, int(rate * 5), rate, paced=True)
     hiccups = slowed(watch, paced_wall)  # to the last publish: the members idle a while more
