@@ -134,8 +134,9 @@ def role_raw_sub(bs: str, run: str, i: int, out: str, ready: str = "") -> None:
         for rec in got:
             if rec.error():
                 continue
-            if ready and not told:
-                told = bool(Path(ready).write_text("1"))
+            if marked and not told:
+                Path(ready).write_text("1")
+                told = True
             if not marked or PACED in (rec.value() or b""):
                 first = first or time.time()
                 cpu.started()
@@ -162,8 +163,9 @@ def role_kq_sub(bs: str, prefix: str, queue: str, out: str, backlog: int,
     with QueueClient(bs, topic_prefix=prefix) as c:
         sub = c.subscribe(queue, max_backlog=backlog)
         for msg in sub.messages(timeout=3):
-            if ready and not told:
-                told = bool(Path(ready).write_text("1"))
+            if marked and not told:
+                Path(ready).write_text("1")
+                told = True
             if not marked or PACED in (msg.value or b""):
                 first = first or time.time()
                 cpu.started()

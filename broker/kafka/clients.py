@@ -299,8 +299,8 @@ def topic_partitions(client: AdminClient, timeout: float = 10.0) -> dict[str, in
 # produce (the journal and the other workers' deliveries) behind it, at every new segment
 # too. With indexes of 64 KiB it took 2-5 ms. An entry per 256 KiB (not 4) keeps segments
 # as long as before (a full index rolls the segment; 1 GiB by `segment.bytes` comes first),
-# and reading from an offset scans at most 256 KiB more: kq reads its hot topics onward
-# from where it is, never by time.
+# and a read from an offset or a time scans at most 256 KiB more, which kq, reading these
+# topics onward from where it is, hardly notices.
 SMALL_INDEXES: Final = {"segment.index.bytes": str(64 * 1024),
                         "index.interval.bytes": str(256 * 1024)}
 
