@@ -32,7 +32,7 @@ from broker.service import joining
 from broker.service.metrics import Metrics
 from broker.service.service import Service
 from broker.service.standby import Standby
-from broker.service.status import InstanceStatus, StatusBoard, kq_serve_runs
+from broker.service.status import InstanceStatus, StatusBoard, kq_serve_runs, refuse_other_queues
 from broker.service.topics import Topics, TopicWatch, prepare_topics
 from broker.values import now_ms
 
@@ -61,6 +61,7 @@ class Instance:
         self.runners: dict[int, _Runner] = {}
         self.leaving: dict[int, _Runner] = {}  # told to stop, but still in a batch (slow Kafka)
         self.standbys: dict[int, Standby] = {}
+        self.retiring: dict[int, Standby] = {}  # told to stop, still closing their copy
         self._stop = threading.Event()
         self._fenced_at: dict[int, float] = {}  # shards whose runner was fenced, and when
         self._deferred: set[int] = set()  # of those, shards another instance says it serves
@@ -92,7 +93,7 @@ class Instance:
         self.board = StatusBoard(self.bootstrap, extra, self.topics.instances, session_ms,
                                  me=self._status())
         try:
-            self._check_same_config()
+            refuse_other_queues(self.config, self.board, self.name, self.topics.prefix)
             self._check_name_before_joining()
         except ConfigError:
             self.board.close(0)
@@ -148,8 +149,10 @@ class Instance:
             runner.thread.join(max(0.0, deadline - time.monotonic()))
             if runner.thread.is_alive():
                 stuck.append(shard)
-        for shard in list(self.standbys):
-            self.standbys.pop(shard).stop(max(0.0, deadline - time.monotonic()))
+        for standby in [*self.standbys.values(), *self.retiring.values()]:
+            standby.stop(max(0.0, deadline - time.monotonic()))
+        self.standbys.clear()
+        self.retiring.clear()
         if stuck:
             # still in the group: the others take these shards after the session timeout,
             # when this process is surely gone (not while its batch may still go out)
@@ -169,32 +172,6 @@ class Instance:
             self.board.publish(self._status(stopped=True))
         self.board.close(min(STOP_STATUS_S, max(0.0, deadline - time.monotonic())))
         log.info("instance %s stopped in %.1f s", self.name, time.monotonic() - started)
-
-    def _check_same_config(self) -> None:
-        """Instances of one topic prefix share the shards, so they must share the queues: a
-        second config on the prefix with other queues would have each instance serve queues
-        the other does not know. Refused before joining the group."""
-        now = now_ms()
-        mine = self.config.digest()
-        for other in self.board.latest.values():
-            if (other.instance == self.name or not other.config_digest
-                    or other.config_digest == mine or not other.live(now, self.board.timeout_ms)):
-                continue
-            ours, theirs = set(self.config.queues), set(other.queues)
-            if ours == theirs:  # a rolling change of queue settings: allowed, but said
-                log.warning("instance %s (host %s) serves topic prefix %r with the same queues "
-                            "defined differently; fine while a config change rolls out, not "
-                            "for long", other.instance, other.host, self.topics.prefix)
-                continue
-            differ = "; ".join(filter(None, [
-                f"queues only here: {', '.join(sorted(ours - theirs))}" if ours - theirs else "",
-                f"queues only there: {', '.join(sorted(theirs - ours))}" if theirs - ours else "",
-            ]))
-            raise ConfigError(
-                f"instance {other.instance} (host {other.host}, pid {other.pid}) serves topic "
-                f"prefix {self.topics.prefix!r} with other queues ({differ}). Instances of "
-                "one topic prefix share its shards, so they must have the same [[queue]] "
-                "tables: give this config a topic_prefix of its own, or the same queues")
 
     def _check_name_before_joining(self) -> None:
         """A live record of this name from another run, read at start, comes from a run
@@ -283,9 +260,8 @@ class Instance:
         old = self.leaving.get(shard)
         if old is not None and old.thread.is_alive():
             return  # it holds the shard's RocksDB: started once it ends (_check_runners)
-        standby = self.standbys.pop(shard, None)
-        if standby is not None:
-            standby.stop()  # its copy is where the service starts from
+        if self._retire_standby(shard):
+            return  # its copy is where the service starts from: once closed (_check_runners)
         service = Service(self.config, self.bootstrap, shard=shard, metrics=self.metrics,
                           still_owner=lambda: self._owns(shard))
         runner = _Runner(service, threading.Thread(daemon=True, name=f"kq-shard-{shard}",
@@ -324,7 +300,20 @@ class Instance:
             return
         log.info("instance %s released shard %d", self.name, shard)
 
+    def _retire_standby(self, shard: int) -> bool:
+        """Tell the shard's standby to close its copy; whether it is still closing. Never
+        waited for: a rebalance callback that waits holds up the group and the stop."""
+        if (standby := self.standbys.pop(shard, None)) is not None:
+            standby.stop(0)
+            self.retiring[shard] = standby
+        return shard in self.retiring
+
     def _check_runners(self) -> None:
+        for shard, standby in list(self.retiring.items()):
+            if not standby.running:
+                del self.retiring[shard]
+                if shard in self.owned:  # assigned while its standby closed its copy
+                    self._start_runner(shard)
         for shard, runner in list(self.leaving.items()):
             if not runner.thread.is_alive():
                 del self.leaving[shard]
@@ -394,7 +383,7 @@ class Instance:
         wanted = self.board.standby_shards_of(self.name, self.config.service.shards)
         wanted -= set(self.runners)
         for shard in set(self.standbys) - wanted:
-            self.standbys.pop(shard).stop()
-        for shard in wanted - set(self.standbys):
+            self._retire_standby(shard)
+        for shard in wanted - set(self.standbys) - set(self.retiring):
             log.info("instance %s keeps shard %d warm (standby)", self.name, shard)
             self.standbys[shard] = Standby(self.config, self.bootstrap, shard).start()

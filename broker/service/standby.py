@@ -47,6 +47,10 @@ class Standby:
         self._thread.start()
         return self
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def stop(self, wait_s: float = 60.0) -> None:
         """Write what was applied and close the copy (the shard's service may open it),
         waiting at most `wait_s` for it."""

@@ -24,6 +24,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from broker import values
+from broker.config import Config
+from broker.errors import ConfigError
 from broker.kafka import clients
 
 log = logging.getLogger("kq.status")
@@ -203,3 +206,30 @@ def kq_serve_runs(pid: int) -> bool:
         return False
     except OSError:
         return True
+
+
+def refuse_other_queues(config: Config, board: StatusBoard, name: str, prefix: str) -> None:
+    """Instances of one topic prefix share the shards, so they must share the queues: a
+    second config on the prefix with other queues would have each instance serve queues
+    the other does not know. Refused before joining the group."""
+    now = values.now_ms()
+    mine = config.digest()
+    for other in board.latest.values():
+        if (other.instance == name or not other.config_digest
+                or other.config_digest == mine or not other.live(now, board.timeout_ms)):
+            continue
+        ours, theirs = set(config.queues), set(other.queues)
+        if ours == theirs:  # a rolling change of queue settings: allowed, but said
+            log.warning("instance %s (host %s) serves topic prefix %r with the same queues "
+                        "defined differently; fine while a config change rolls out, not "
+                        "for long", other.instance, other.host, prefix)
+            continue
+        differ = "; ".join(filter(None, [
+            f"queues only here: {', '.join(sorted(ours - theirs))}" if ours - theirs else "",
+            f"queues only there: {', '.join(sorted(theirs - ours))}" if theirs - ours else "",
+        ]))
+        raise ConfigError(
+            f"instance {other.instance} (host {other.host}, pid {other.pid}) serves topic "
+            f"prefix {prefix!r} with other queues ({differ}). Instances of "
+            "one topic prefix share its shards, so they must have the same [[queue]] "
+            "tables: give this config a topic_prefix of its own, or the same queues")

@@ -82,6 +82,51 @@ def test_a_stuck_service_of_a_shard_not_given_back_is_just_let_go(inst):
     assert not inst.leaving and not inst.runners and len(StuckService.made) == 1
 
 
+class SlowStandby:
+    """A standby whose copy takes until `release` to close (a restore under way)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.told = False
+
+    @property
+    def running(self) -> bool:
+        return not self.release.is_set()
+
+    def stop(self, wait_s: float = 60.0) -> None:
+        self.told = True
+        self.release.wait(wait_s)
+
+
+def test_a_shard_assigned_while_its_standby_closes_its_copy_waits_for_it_outside_the_group(
+        inst):
+    # the assignment came inside the group member's poll, which waited 60 s for the standby:
+    # the process's stop (SIGTERM) was not heard meanwhile (a test's stop timed out in CI)
+    standby = SlowStandby()
+    inst.standbys[0] = standby  # type: ignore[assignment]
+    inst.owned.add(0)
+    began = time.monotonic()
+    inst._start_runner(0)
+    assert time.monotonic() - began < 1 and standby.told
+    assert not StuckService.made and 0 in inst.retiring  # not on a copy still open
+    inst._check_runners()
+    assert not StuckService.made
+    standby.release.set()
+    inst._check_runners()  # closed: the shard is served from it
+    assert len(StuckService.made) == 1 and 0 in inst.runners and not inst.retiring
+    StuckService.made[0].unstick.set()
+    inst._stop_runner(0)
+
+
+def test_a_stop_waits_for_a_standby_still_closing_its_copy(stopping):
+    inst, _ = stopping
+    standby = SlowStandby()
+    inst.retiring[1] = standby  # type: ignore[assignment]
+    threading.Timer(0.2, standby.release.set).start()
+    inst._stop_all(time.monotonic() + 5)
+    assert not standby.running and not inst.retiring
+
+
 class Recorded:
     """The group member and the status board, as far as a stop uses them."""
 
