@@ -4,6 +4,7 @@ from broker.engine import events as ev
 from broker.engine.effects import DeadLetter, Deliver, Journal
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind
+from broker.engine.window import LEASE_TIMERS_AT_LEAST
 from broker.values import Duration
 from tests.unit.harness import Harness, dead_letters, delivered, queue, rejected, replies
 
@@ -321,3 +322,35 @@ def test_a_message_too_large_to_deliver_is_removed_on_arrival():
     assert dead_letters(out) == [(big, "too-large")]
     assert h.engine.queue("Q").stats.removed["too-large"] == 1
     assert delivered(h.subscribe("w1")) == []
+
+
+def test_acked_leases_leave_no_pile_of_timers_and_held_ones_still_lapse():
+    # A lease's timer outlives its ack until its deadline; a busy queue must not keep a lease
+    # period's worth of them (and their bookmarks) in memory.
+    h = Harness(queue(lease_period=Duration(60_000)), heartbeat_ms=10 * 60_000)
+    held = h.publish(3)
+    assert len(delivered(h.subscribe("slow", backlog=3))) == 3
+    h.publish(5 * LEASE_TIMERS_AT_LEAST)
+    out = h.subscribe("fast", backlog=100)
+    timers = []
+    while given := [bm for _, bm, _ in delivered(out)]:
+        out = h.ack("fast", *given)
+        timers.append(len(h.engine.queue("Q").lease_timers))
+    assert h.engine.queue("Q").stats.acked == 5 * LEASE_TIMERS_AT_LEAST
+    assert max(timers) <= LEASE_TIMERS_AT_LEAST + 100
+    # the slow one's leases, older than every rebuild of the timers, lapse on time
+    assert delivered(h.advance(59_999)) == []
+    assert sorted(d[1:] for d in delivered(h.advance(1))) == [(bm, 2) for bm in held]
+
+
+def test_a_renewal_after_the_timers_are_rebuilt_moves_the_lapse():
+    h = Harness(queue(lease_period=Duration(30_000)), heartbeat_ms=10 * 60_000)
+    (a,) = h.publish(1)
+    h.subscribe("slow")
+    h.handle(ev.Extended("slow", "Q", a, 1, 60_000, "x"))
+    h.publish(3 * LEASE_TIMERS_AT_LEAST)
+    out = h.subscribe("fast", backlog=50)
+    while given := [bm for _, bm, _ in delivered(out)]:
+        out = h.ack("fast", *given)
+    assert delivered(h.advance(30_000)) == []  # the first deadline's timer was stale
+    assert delivered(h.advance(30_000)) == [("slow", a, 2)]
