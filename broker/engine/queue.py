@@ -23,7 +23,7 @@ from broker.engine.paging import Pager
 from broker.engine.stamps import Stamps
 from broker.engine.states import TERMINAL, MessageState, next_state
 from broker.engine.transitions import ACTION_OF, Kind, Reason, Transition
-from broker.engine.window import LEASE_TIMERS_AT_LEAST, WINDOW, Window
+from broker.engine.window import TIMERS_AT_LEAST, WINDOW, Window
 from broker.errors import StateError
 from broker.expr import compile_expression
 from broker.values import Bookmark
@@ -95,8 +95,9 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.deferring = False
         # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
         self.lease_timers: list[tuple[int, int, int, Bookmark]] = []  # see Window
-        self.lease_timers_limit = LEASE_TIMERS_AT_LEAST
+        self.lease_timers_limit = TIMERS_AT_LEAST
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
+        self.expiry_timers_limit = TIMERS_AT_LEAST
         # Kept as messages come and go so queries cost O(log n), not a walk of the queue:
         # record timestamps of the messages still in it (timestamp -> how many; sent ones
         # have left), and per source partition the offsets of its messages in arrival order,

@@ -32,12 +32,13 @@ from broker.values import Bookmark
 
 RESTORE_PAGE_OUT: Final = 10_000  # paged out together while a queue is restored
 
-# Lease timers are dropped lazily: one made stale by an ack, a return or a renewal stays in
-# the heap until its deadline. A busy queue would so hold a lease period's worth of them
-# (2,400,000 at 40,000 msgs/s and the default 60 s), each keeping its bookmark alive and
-# walked by every collection of the garbage collector: the heap is rebuilt from its live
-# timers whenever it has doubled since the last rebuild (and holds this many at least).
-LEASE_TIMERS_AT_LEAST: Final = 4096
+# Timers are dropped lazily: a lease's made stale by an ack, a return or a renewal stays in
+# its heap until its deadline, a message's expiry timer until its expiry after the message
+# was acked. A busy queue would so hold a lease period's worth of them (2,400,000 at 40,000
+# msgs/s and the default 60 s lease; an expiration's worth, with one), each keeping its
+# bookmark alive and walked by the garbage collector: a heap is rebuilt from its live timers
+# whenever it has doubled since its last rebuild (and holds this many at least).
+TIMERS_AT_LEAST: Final = 4096
 
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
 # refilled below half of it): the rest wait in the pager.
@@ -67,6 +68,7 @@ class Window:
     lease_timers: list[tuple[int, int, int, Bookmark]]
     lease_timers_limit: int  # the size at which stale ones are dropped
     expiry_timers: list[tuple[int, int, Bookmark]]
+    expiry_timers_limit: int
     ranked: bool
     sorted_by: BySortKey | None
     byte_count: int
@@ -95,7 +97,7 @@ class Window:
                 live.append(timer)
         heapq.heapify(live)
         self.lease_timers = live
-        self.lease_timers_limit = max(LEASE_TIMERS_AT_LEAST, 2 * len(live))
+        self.lease_timers_limit = max(TIMERS_AT_LEAST, 2 * len(live))
 
     def _make_available(self, msg: Message) -> None:
         raise NotImplementedError
@@ -115,7 +117,22 @@ class Window:
         if paged and self.pager is not None:
             self.pager.add_timer(self.name, expires, msg.seq, msg.bookmark)
         else:
+            if len(self.expiry_timers) >= self.expiry_timers_limit:
+                self._drop_stale_expiry_timers()
             heapq.heappush(self.expiry_timers, (expires, msg.seq, msg.bookmark))
+
+    def _drop_stale_expiry_timers(self) -> None:
+        """Keep the timers of messages still available in memory: one leased gets a new
+        timer when it comes back, one paged out has its timer in the pager."""
+        messages = self.messages
+        live = []
+        for timer in self.expiry_timers:
+            msg = messages.get(timer[2])
+            if msg is not None and msg.seq == timer[1] and msg.state is MessageState.AVAILABLE:
+                live.append(timer)
+        heapq.heapify(live)
+        self.expiry_timers = live
+        self.expiry_timers_limit = max(TIMERS_AT_LEAST, 2 * len(live))
 
     def _page_out(self, msg: Message) -> None:
         assert self.pager is not None
@@ -143,6 +160,7 @@ class Window:
             msg = self.available.peekitem(i)[1]
             self._leave(msg)
             self._page_out(msg)
+            self._set_expiry_timer(msg, paged=True)  # (its timer in memory is then stale)
 
     def _page_in(self, bm: Bookmark) -> Message | None:
         """Bring one paged-out message back into memory (before a transition changes it)."""

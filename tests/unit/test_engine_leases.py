@@ -4,7 +4,7 @@ from broker.engine import events as ev
 from broker.engine.effects import DeadLetter, Deliver, Journal
 from broker.engine.states import MessageState
 from broker.engine.transitions import Kind
-from broker.engine.window import LEASE_TIMERS_AT_LEAST
+from broker.engine.window import TIMERS_AT_LEAST
 from broker.values import Duration
 from tests.unit.harness import Harness, dead_letters, delivered, queue, rejected, replies
 
@@ -327,17 +327,18 @@ def test_a_message_too_large_to_deliver_is_removed_on_arrival():
 def test_acked_leases_leave_no_pile_of_timers_and_held_ones_still_lapse():
     # A lease's timer outlives its ack until its deadline; a busy queue must not keep a lease
     # period's worth of them (and their bookmarks) in memory.
-    h = Harness(queue(lease_period=Duration(60_000)), heartbeat_ms=10 * 60_000)
+    h = Harness(queue(lease_period=Duration(60_000), max_per_subscription_backlog=100),
+                heartbeat_ms=10 * 60_000)
     held = h.publish(3)
     assert len(delivered(h.subscribe("slow", backlog=3))) == 3
-    h.publish(5 * LEASE_TIMERS_AT_LEAST)
+    h.publish(5 * TIMERS_AT_LEAST)
     out = h.subscribe("fast", backlog=100)
     timers = []
     while given := [bm for _, bm, _ in delivered(out)]:
         out = h.ack("fast", *given)
         timers.append(len(h.engine.queue("Q").lease_timers))
-    assert h.engine.queue("Q").stats.acked == 5 * LEASE_TIMERS_AT_LEAST
-    assert max(timers) <= LEASE_TIMERS_AT_LEAST + 100
+    assert h.engine.queue("Q").stats.acked == 5 * TIMERS_AT_LEAST
+    assert max(timers) <= TIMERS_AT_LEAST + 100
     # the slow one's leases, older than every rebuild of the timers, lapse on time
     assert delivered(h.advance(59_999)) == []
     assert sorted(d[1:] for d in delivered(h.advance(1))) == [(bm, 2) for bm in held]
@@ -348,9 +349,29 @@ def test_a_renewal_after_the_timers_are_rebuilt_moves_the_lapse():
     (a,) = h.publish(1)
     h.subscribe("slow")
     h.handle(ev.Extended("slow", "Q", a, 1, 60_000, "x"))
-    h.publish(3 * LEASE_TIMERS_AT_LEAST)
+    h.publish(3 * TIMERS_AT_LEAST)
     out = h.subscribe("fast", backlog=50)
     while given := [bm for _, bm, _ in delivered(out)]:
         out = h.ack("fast", *given)
     assert delivered(h.advance(30_000)) == []  # the first deadline's timer was stale
     assert delivered(h.advance(30_000)) == [("slow", a, 2)]
+
+
+def test_expiry_timers_of_acked_messages_do_not_pile_up_and_the_queued_still_expire():
+    h = Harness(queue(expiration=Duration(600_000), lease_period=Duration(3_600_000),
+                      max_per_subscription_backlog=100), heartbeat_ms=10 * 3_600_000)
+    q = h.engine.queue("Q")
+    total = len(h.publish(150))
+    out, acked, timers = h.subscribe("fast", backlog=100), 0, []
+    while total < 5 * TIMERS_AT_LEAST:  # a steady queue: as many arrive as are acked
+        total += len(h.publish(100))
+        given = [bm for _, bm, _ in delivered(out)]
+        out = h.ack("fast", *given)
+        acked += len(given)
+        timers.append(len(q.expiry_timers))
+    assert max(timers) <= TIMERS_AT_LEAST + 100
+    leased = len(delivered(out))
+    h.advance(600_000)
+    # every message still available expired on time; the leased ones stay leased
+    assert q.stats.removed["expired"] == total - acked - leased > 0
+    assert sum(m.state is MessageState.LEASED for m in q.messages.values()) == leased
