@@ -13,7 +13,9 @@ client   the same number of deliveries in envelopes of B/2 (as the service sends
 steady   the service's path at a steady rate the workers keep up with (`--path steady`): N
          messages arrive STEADY_BATCH to a batch, each batch also carrying the acks of what
          the one before delivered, so a message is queued, leased and acked within a state
-         write's window, as at `ops/bench.py --rate 5000`. Its arrival is counted.
+         write's window, as at `ops/bench.py --rate 5000`. Its arrival is counted, and the
+         memory the service kept when it is over (its clock does not move: every lease of
+         the run is within one lease period).
 
 `ops/bench.py` measures the same paths with Kafka in between; the difference is the cost of
 the Kafka clients and of waiting. `--profile` prints the functions where the time goes
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
+import os
 import pstats
 import sys
 import tempfile
@@ -267,6 +271,13 @@ def client_drain(messages: int, backlog: int) -> Callable[[], int]:
     return drain
 
 
+def resident_mb() -> float:
+    """This process's resident memory (Linux): what a steady run kept grows it (all its
+    messages are acked within one lease period, as its clock does not move)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
 def measure(drain: Callable[[], int], profile: bool) -> float:
     """CPU microseconds per message of `drain`."""
     started = time.process_time()
@@ -292,10 +303,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     a = ap.parse_args(argv)
     out = {}
     if a.path == "steady":
-        out["steady_us_per_msg"] = measure(service_steady(a.messages, a.backlog),
-                                           a.profile == "service")
+        steady = service_steady(a.messages, a.backlog)
+        before = resident_mb()
+        out["steady_us_per_msg"] = measure(steady, a.profile == "service")
+        gc.collect()
+        out["steady_mb_kept"] = resident_mb() - before
         print(f"CPU per message without Kafka ({a.messages} messages at a steady rate, "
-              f"backlog {a.backlog}): kq serve {out['steady_us_per_msg']:.1f} us")
+              f"backlog {a.backlog}): kq serve {out['steady_us_per_msg']:.1f} us; "
+              f"memory kept {out['steady_mb_kept']:.0f} MB")
         return out
     if a.path != "client":
         out["service_us_per_msg"] = measure(service_drain(a.messages, a.backlog),

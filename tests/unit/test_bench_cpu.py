@@ -26,4 +26,5 @@ def test_one_path_runs_alone_when_asked():
 
 def test_the_steady_path_acks_every_message_as_they_arrive():
     assert bench_cpu.service_steady(600, backlog=10)() == 600
-    assert set(bench_cpu.main(["--messages", "200", "--path", "steady"])) == {"steady_us_per_msg"}
+    assert set(bench_cpu.main(["--messages", "200", "--path", "steady"])) == {
+        "steady_us_per_msg", "steady_mb_kept"}
