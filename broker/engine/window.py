@@ -32,12 +32,10 @@ from broker.values import Bookmark
 
 RESTORE_PAGE_OUT: Final = 10_000  # paged out together while a queue is restored
 
-# Timers are dropped lazily: a lease's made stale by an ack, a return or a renewal stays in
-# its heap until its deadline, a message's expiry timer until its expiry after the message
-# was acked. A busy queue would so hold a lease period's worth of them (2,400,000 at 40,000
-# msgs/s and the default 60 s lease; an expiration's worth, with one), each keeping its
-# bookmark alive and walked by the garbage collector: a heap is rebuilt from its live timers
-# whenever it has doubled since its last rebuild (and holds this many at least).
+# Timers go stale (a lease acked, returned or renewed; a message acked before its expiry) and
+# are dropped lazily: left in their heaps, a lease period's worth (2,400,000 at 40,000 msgs/s
+# and 60 s leases) would keep their bookmarks for the collector to walk. A heap is rebuilt
+# from its live timers whenever it has doubled since its last rebuild (from this size).
 TIMERS_AT_LEAST: Final = 4096
 
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
