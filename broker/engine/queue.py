@@ -93,11 +93,9 @@ class QueueState(Window, Holding, BehindBarriers, MessageGroups):
         self.read_upto: dict[tuple[str, int], int] = {}
         self.pending_acks: set[Bookmark] = set()
         self.deferring = False
-        # Timer heaps with lazy invalidation: an entry is stale when the message moved on.
-        self.lease_timers: list[tuple[int, int, int, Bookmark]] = []  # see Window
-        self.lease_timers_limit = TIMERS_AT_LEAST
+        self.lease_timers: list[tuple[int, int, int, Bookmark]] = []  # heaps: see Window
         self.expiry_timers: list[tuple[int, int, Bookmark]] = []  # (expires_at, seq, bm)
-        self.expiry_timers_limit = TIMERS_AT_LEAST
+        self.lease_timers_limit = self.expiry_timers_limit = TIMERS_AT_LEAST
         # Kept as messages come and go so queries cost O(log n), not a walk of the queue:
         # record timestamps of the messages still in it (timestamp -> how many; sent ones
         # have left), and per source partition the offsets of its messages in arrival order,

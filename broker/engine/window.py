@@ -38,6 +38,12 @@ RESTORE_PAGE_OUT: Final = 10_000  # paged out together while a queue is restored
 # from its live timers whenever it has doubled since its last rebuild (from this size).
 TIMERS_AT_LEAST: Final = 4096
 
+def _rebuilt(live: list[Any]) -> tuple[list[Any], int]:
+    """A timer heap of `live`, and the size at which it is rebuilt next."""
+    heapq.heapify(live)
+    return live, max(TIMERS_AT_LEAST, 2 * len(live))
+
+
 # Available messages a queue holds in memory (twice this before it pages the last ones out;
 # refilled below half of it): the rest wait in the pager.
 WINDOW = 10_000
@@ -87,15 +93,9 @@ class Window:
     def _drop_stale_lease_timers(self) -> None:
         """Keep the timers of leases still held (as `Timers._lapse_leases` tells them)."""
         messages = self.messages
-        live = []
-        for timer in self.lease_timers:
-            deadline, _, count, bm = timer
-            msg = messages.get(bm)
-            if msg is not None and msg.deadline_ms == deadline and msg.delivery_count == count:
-                live.append(timer)
-        heapq.heapify(live)
-        self.lease_timers = live
-        self.lease_timers_limit = max(TIMERS_AT_LEAST, 2 * len(live))
+        self.lease_timers, self.lease_timers_limit = _rebuilt([
+            t for t in self.lease_timers if (m := messages.get(t[3])) is not None
+            and m.deadline_ms == t[0] and m.delivery_count == t[2]])
 
     def _make_available(self, msg: Message) -> None:
         raise NotImplementedError
@@ -123,14 +123,9 @@ class Window:
         """Keep the timers of messages still available in memory: one leased gets a new
         timer when it comes back, one paged out has its timer in the pager."""
         messages = self.messages
-        live = []
-        for timer in self.expiry_timers:
-            msg = messages.get(timer[2])
-            if msg is not None and msg.seq == timer[1] and msg.state is MessageState.AVAILABLE:
-                live.append(timer)
-        heapq.heapify(live)
-        self.expiry_timers = live
-        self.expiry_timers_limit = max(TIMERS_AT_LEAST, 2 * len(live))
+        self.expiry_timers, self.expiry_timers_limit = _rebuilt([
+            t for t in self.expiry_timers if (m := messages.get(t[2])) is not None
+            and m.seq == t[1] and m.state is MessageState.AVAILABLE])
 
     def _page_out(self, msg: Message) -> None:
         assert self.pager is not None
