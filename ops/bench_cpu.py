@@ -52,6 +52,7 @@ from broker.state.pager import RocksPager  # noqa: E402
 from broker.state.payload import Payload  # noqa: E402
 from broker.state.rocks import RocksStore  # noqa: E402
 from broker.values import Bookmark  # noqa: E402
+from ops.bench import rss_kb  # noqa: E402
 
 SUBSCRIBERS = 4
 PAD = b"x" * 40  # payloads of about the benchmark's size
@@ -271,13 +272,6 @@ def client_drain(messages: int, backlog: int) -> Callable[[], int]:
     return drain
 
 
-def resident_mb() -> float:
-    """This process's resident memory (Linux): what a steady run kept grows it (all its
-    messages are acked within one lease period, as its clock does not move)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
 def measure(drain: Callable[[], int], profile: bool) -> float:
     """CPU microseconds per message of `drain`."""
     started = time.process_time()
@@ -304,10 +298,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     out = {}
     if a.path == "steady":
         steady = service_steady(a.messages, a.backlog)
-        before = resident_mb()
+        before = rss_kb(os.getpid())
         out["steady_us_per_msg"] = measure(steady, a.profile == "service")
         gc.collect()
-        out["steady_mb_kept"] = resident_mb() - before
+        out["steady_mb_kept"] = (rss_kb(os.getpid()) - before) * 1024 / 1e6
         print(f"CPU per message without Kafka ({a.messages} messages at a steady rate, "
               f"backlog {a.backlog}): kq serve {out['steady_us_per_msg']:.1f} us; "
               f"memory kept {out['steady_mb_kept']:.0f} MB")
