@@ -31,16 +31,21 @@ from broker import wire
 from broker.client.acks import AckBatches
 from broker.client.message import Message, batch_of, read_columns
 from broker.errors import CommandError, KqError
-from broker.packed import pack_array, unpack_payload
+from broker.packed import pack_array, unpack_delivered
 from broker.shards import shard_by_name
 from broker.values import CLIENT_NAME, NOTICE
 
 log = logging.getLogger("kq.client")
 
 OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
-# deliveries a subscription remembers to drop a copy sent again after a crash (at least
-# this many, at most twice as many)
-RECEIVED_KEPT: Final = 10_000
+# How many deliveries a subscription remembers, to drop a copy sent again after a crash (at
+# least that many, at most twice as many). The service sends again only the leases of its last
+# three journaled batches that still stand (broker.service.recovery), and one batch leases a
+# subscription at most its backlog: remembering RECEIVED_PER_BACKLOG backlogs covers them, and
+# a dict that small stays in the CPU's cache (one of 20,000 bookmarks cost a worker a tenth
+# of its CPU in lookups).
+RECEIVED_PER_BACKLOG: Final = 4
+RECEIVED_KEPT: Final = 1_000  # at least, whatever the backlog
 
 
 class LeaseLost(CommandError):
@@ -72,10 +77,10 @@ class SubscriptionState:
         self.failure: str | None = None  # why subscribing again was refused
         self.closed = False
         self.buffer: deque[Message] = deque()
-        # bookmark -> seq << 32 | delivery count of the deliveries received lately, oldest
-        # first (ClientCore._deliver): one int per message is cheaper to build and compare
-        # than a tuple
-        self.received: dict[str, int] = {}
+        # the queue's arrival number (seq) -> delivery count of the deliveries received
+        # lately, oldest first (ClientCore._deliver)
+        self.received: dict[object, int] = {}
+        self.received_kept = RECEIVED_KEPT  # (sized by the backlog once subscribed)
 
     def arrived(self) -> None:
         """Messages were added to the buffer (the async subscription wakes its reader)."""
@@ -209,6 +214,7 @@ class ClientCore:
     def subscribed(self, sub: SubscriptionState, body: dict[str, Any]) -> None:
         """The service's answer to `sub`'s subscribe."""
         sub.backlog = int(body.get("backlog", 0))
+        sub.received_kept = max(RECEIVED_KEPT, RECEIVED_PER_BACKLOG * sub.backlog)
         backlogs = [s.backlog for s in self.subs.values() if s.queue == sub.queue]
         self.acks.subscribed(sub.queue, min(backlogs, default=0))
         if isinstance(body.get("shard"), int):
@@ -357,16 +363,21 @@ class ClientCore:
                 # After a crash the service sends its last leases again, not knowing whether
                 # they went out: a copy of one already received (same message, same delivery
                 # count) is dropped, and so is one older than a delivery received (its lease
-                # is gone). The queue's arrival number tells a bookmark enqueued again apart.
-                count = counts[i]
-                seen = seqs[i] << 32 | count
-                before = received.get(bookmark)
+                # is gone). Kept by the queue's arrival number, which tells a bookmark
+                # enqueued again apart (and is sent again as the message's current one): an
+                # int key's hash is kept in the dict, where a string's is read from the
+                # string, one cache miss per key probed. By bookmark when 0 (a queue's first
+                # message, or one journaled before messages were numbered) or -1 (a service
+                # too old to send it).
+                count, seq = counts[i], seqs[i]
+                seen: object = seq if seq > 0 else bookmark
+                before = received.get(seen)
                 if before is not None:
-                    if seen <= before:
+                    if count <= before:
                         continue
-                    del received[bookmark]  # delivered again: now among the latest
-                received[bookmark] = seen
-                key, value, headers, ts = unpack_payload(blob, at)
+                    del received[seen]  # delivered again: now among the latest
+                received[seen] = count
+                key, value, headers, ts = unpack_delivered(blob, at)
                 deadline = deadlines[i] / 1000 if deadlines[i] else None
                 # by position, in Message's order: keywords cost a dict per message (2.7
                 # times as long to build one, compiled)
@@ -378,9 +389,9 @@ class ClientCore:
                     fresh.append(make(queue, bookmark, value, key, headers, count, deadline,
                                       barriers[i] != 0, ts / 1000, owner, browsed, False, fmt,
                                       schema))
-            if len(received) > 2 * RECEIVED_KEPT:  # forget the oldest, many at once
-                sub.received = dict(islice(received.items(), len(received) - RECEIVED_KEPT,
-                                           None))
+            kept = sub.received_kept
+            if len(received) > 2 * kept:  # forget the oldest, many at once
+                sub.received = dict(islice(received.items(), len(received) - kept, None))
         if fresh:
             sub.buffer.extend(fresh)
             sub.arrived()

@@ -42,3 +42,34 @@ def test_an_envelope_of_one_message_as_older_services_send_is_delivered():
         "T/0/7", 2, b"k", {"n": 1}, [("h", b"x")])
     assert (m.lease_deadline, m.timestamp, m.is_barrier) == (1_700_000_030.0, 1_700_000_000.0,
                                                              False)
+
+
+def _route_many(core: ClientCore, seqs: range, delivery_count: int = 1) -> None:
+    core._deliver("s1", "Q", "json", batch_of([
+        (f"T/0/{s}", delivery_count, None, False, s, None, b"{}", [], 0) for s in seqs]))
+
+
+def test_copies_are_caught_over_the_last_batches_a_crash_sends_again_whatever_the_backlog():
+    # The service sends again the leases of its last three journaled batches that still
+    # stand, at most a backlog each: a copy that far back is dropped, for a large backlog too,
+    # while what is remembered stays bounded.
+    core = ClientCore("c", "c")
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    core.subscribed(sub, {"backlog": 10_000})
+    _route_many(core, range(1, 30_001))  # three batches of a full backlog each
+    _route_many(core, range(1, 10_001))  # the first batch's leases, sent again
+    assert len(sub.buffer) == 30_000
+    for start in range(30_001, 130_001, 10_000):  # later deliveries
+        _route_many(core, range(start, start + 10_000))
+    assert len(sub.received) <= 2 * 4 * 10_000
+
+
+def test_a_message_without_headers_gets_a_list_of_its_own_when_they_are_read():
+    core = ClientCore("c", "c")
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    _route_many(core, range(1, 3))
+    first, second = sub.buffer
+    first.headers.append(("h", b"1"))  # (as a worker adding a header before publishing it on)
+    assert (first.headers, second.headers) == ([("h", b"1")], [])

@@ -36,7 +36,7 @@ def test_the_clients_classes_build_on_the_cores():
         sub = kind(object(), "Q", "s1")  # type: ignore[arg-type]
         assert (sub.queue, sub.sub_id, sub.mode) == ("Q", "s1", "queue")
     core = ClientCore("w", "", message=AsyncMessage)
-    msg = core.message(queue="Q", bookmark="T/0/1", value=b"{}", key=None, headers=[],
+    msg = core.message(queue="Q", bookmark="T/0/1", value=b"{}", key=None, _headers=[],
                        delivery_count=1, lease_deadline=None, is_barrier=False, timestamp=0.0,
                        _client=None)
     assert isinstance(msg, AsyncMessage) and msg.data == {}
