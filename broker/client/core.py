@@ -39,13 +39,14 @@ log = logging.getLogger("kq.client")
 
 OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
 # How many deliveries a subscription remembers, to drop a copy sent again after a crash (at
-# least that many, at most twice as many). The service sends again only the leases of its last
-# three journaled batches that still stand (broker.service.recovery), and one batch leases a
-# subscription at most its backlog: remembering RECEIVED_PER_BACKLOG backlogs covers them, and
-# a dict that small stays in the CPU's cache (one of 20,000 bookmarks cost a worker a tenth
-# of its CPU in lookups).
+# least that many, at most twice as many). The service sends again only what its last three
+# journaled batches sent (broker.service.recovery): their leases that still stand, a backlog
+# per batch at most, and a browser's copies, 500 per batch at most (the engine's
+# BROWSE_BATCH). Remembering RECEIVED_PER_BACKLOG backlogs, and RECEIVED_KEPT at least, covers
+# them, and a dict that small stays in the CPU's cache (one of 20,000 bookmarks cost a worker
+# a tenth of its CPU in lookups).
 RECEIVED_PER_BACKLOG: Final = 4
-RECEIVED_KEPT: Final = 1_000  # at least, whatever the backlog
+RECEIVED_KEPT: Final = 2_000
 
 
 class LeaseLost(CommandError):

@@ -73,3 +73,20 @@ def test_a_message_without_headers_gets_a_list_of_its_own_when_they_are_read():
     first, second = sub.buffer
     first.headers.append(("h", b"1"))  # (as a worker adding a header before publishing it on)
     assert (first.headers, second.headers) == ([("h", b"1")], [])
+
+
+def test_a_browsers_copies_shown_again_after_a_crash_are_not_shown_twice():
+    from broker.engine.dispatch import BROWSE_BATCH
+    from broker.service.commit import UNSENT_BATCHES
+
+    shown = UNSENT_BATCHES * BROWSE_BATCH  # the last batches' copies, each batch's most
+    for earlier in range(0, 4_001, 200):  # whenever the oldest remembered are forgotten
+        core = ClientCore("c", "c")
+        sub = SubscriptionState("Q", "s1", "browse", {})
+        core.add(sub)
+        core.subscribed(sub, {"backlog": 1, "mode": "browse"})
+        if earlier:
+            _route_many(core, range(1, earlier + 1))
+        _route_many(core, range(earlier + 1, earlier + shown + 1))
+        _route_many(core, range(earlier + 1, earlier + shown + 1))  # the cursor rewound
+        assert len(sub.buffer) == earlier + shown, earlier
