@@ -38,13 +38,10 @@ from broker.values import CLIENT_NAME, NOTICE
 log = logging.getLogger("kq.client")
 
 OWN_TOPIC_NEEDED: Final = "own command topic"  # in the service's refusal of a shared-topic command
-# How many deliveries a subscription remembers, to drop a copy sent again after a crash (at
-# least that many, at most twice as many). The service sends again only what its last three
-# journaled batches sent (broker.service.recovery): their leases that still stand, a backlog
-# per batch at most, and a browser's copies, 500 per batch at most (the engine's
-# BROWSE_BATCH). Remembering RECEIVED_PER_BACKLOG backlogs, and RECEIVED_KEPT at least, covers
-# them, and a dict that small stays in the CPU's cache (one of 20,000 bookmarks cost a worker
-# a tenth of its CPU in lookups).
+# Deliveries a subscription remembers to drop a copy sent again after a crash (at least, at
+# most twice as many): a crash's copies are what its last three journaled batches sent
+# (broker.service.recovery), a backlog of leases or 500 browsed (BROWSE_BATCH) per batch at
+# most, and a dict that small stays in the CPU's cache.
 RECEIVED_PER_BACKLOG: Final = 4
 RECEIVED_KEPT: Final = 2_000
 
@@ -78,8 +75,7 @@ class SubscriptionState:
         self.failure: str | None = None  # why subscribing again was refused
         self.closed = False
         self.buffer: deque[Message] = deque()
-        # the queue's arrival number (seq) -> delivery count of the deliveries received
-        # lately, oldest first (ClientCore._deliver)
+        # seq (or bookmark) -> delivery count, received lately, oldest first (_deliver)
         self.received: dict[object, int] = {}
         self.received_kept = RECEIVED_KEPT  # (sized by the backlog once subscribed)
 
@@ -361,15 +357,12 @@ class ClientCore:
             for i, bookmark in enumerate(bookmarks):
                 at = start
                 start += sizes[i]
-                # After a crash the service sends its last leases again, not knowing whether
-                # they went out: a copy of one already received (same message, same delivery
-                # count) is dropped, and so is one older than a delivery received (its lease
-                # is gone). Kept by the queue's arrival number, which tells a bookmark
-                # enqueued again apart (and is sent again as the message's current one): an
-                # int key's hash is kept in the dict, where a string's is read from the
-                # string, one cache miss per key probed. By bookmark when 0 (a queue's first
-                # message, or one journaled before messages were numbered) or -1 (a service
-                # too old to send it).
+                # After a crash the service sends its last leases again: a copy of one
+                # received (same message, same delivery count) is dropped, and so is one
+                # older than one received (its lease is gone). Kept by the queue's arrival
+                # number, which tells a bookmark enqueued again apart (an int's hash is in
+                # the dict, a string's read from it: a cache miss per probe); by bookmark
+                # when 0 (a first message, or one journaled before) or -1 (an old service).
                 count, seq = counts[i], seqs[i]
                 seen: object = seq if seq > 0 else bookmark
                 before = received.get(seen)
