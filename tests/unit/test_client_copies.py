@@ -44,9 +44,10 @@ def test_an_envelope_of_one_message_as_older_services_send_is_delivered():
                                                              False)
 
 
-def _route_many(core: ClientCore, seqs: range, delivery_count: int = 1) -> None:
+def _route_many(core: ClientCore, seqs: range) -> None:
+    """Deliver one message per seq, each its own bookmark."""
     core._deliver("s1", "Q", "json", batch_of([
-        (f"T/0/{s}", delivery_count, None, False, s, None, b"{}", [], 0) for s in seqs]))
+        (f"T/0/{s}", 1, None, False, s, None, b"{}", [], 0) for s in seqs]))
 
 
 def test_copies_are_caught_over_the_last_batches_a_crash_sends_again_whatever_the_backlog():
