@@ -152,8 +152,10 @@ class Committer:
 
     @property
     def holding(self) -> bool:
-        """Whether a batch's journal, deliveries or state are still on their way."""
-        return bool(self._flight)
+        """Whether a batch's deliveries are still to go out (its journal is on its way, or
+        with exactly_once its transaction is not open yet). A batch whose deliveries went out
+        waits only for their answers, which a later `advance` serves, to write its state."""
+        return any(b.sent is None for b in self._flight)
 
     def held_payload(self, bm: Bookmark) -> Payload | None:
         """A payload a batch on its way stores, not in RocksDB yet."""
@@ -205,9 +207,22 @@ class Committer:
             self._sender.poll(0)
             self._settle()
 
+    def send_held(self) -> None:
+        """No input is waiting: the journals on their way, waited for, so that their
+        deliveries go out now. Not their answers: a later `advance` serves them and writes
+        the state, so that records arriving meanwhile do not wait for them too. The state
+        of a due window whose every batch was delivered is written now."""
+        if self.transactional:  # a transaction's deliveries would wait for the next one
+            self.flush_held()
+            return
+        if self._flight:
+            self._sender.wait(self._journaled_all, "journal", self._settle)
+        if self._window and not self._flight and self._window.due():
+            self._write_window()
+
     def flush_held(self, stopping: bool = False) -> None:
-        """Everything on its way, now (no input is waiting, or the service stops); the state
-        too if its window is due, or the service stops."""
+        """Everything on its way, now, waiting for each step; the state too if its window
+        is due, or the service stops."""
         if self._flight:
             self._drain_flight()
         if self._window and (stopping or self._window.due()):

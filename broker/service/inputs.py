@@ -33,9 +33,12 @@ UNSET = -1  # a position not read yet: start at the reader's recovery point
 TOPIC_REFRESH_S = 2.0
 # When nothing is waiting, the service waits on one consumer at a time, in turn: a record
 # arriving on the other waits that long. Short while records keep coming (latency), longer
-# once the service has been idle a while (an idle service should not spin).
+# once the service has been idle a while (an idle service should not spin). The commands'
+# turn is the shorter: a source record's wait adds to its message's latency, while an ack
+# that waits a little longer only frees its lease a little later.
 BUSY_WAIT_S = 0.001
 IDLE_WAIT_S = 0.005
+COMMAND_WAIT_SHARE = 0.25
 IDLE_AFTER_S = 0.5
 # How long after records last came the next wait for records starts. What arrives meanwhile
 # is taken in one batch: what every batch costs whatever its size (its journal part, two
@@ -129,9 +132,9 @@ class Inputs:
         sources = self._sources_taken(max_records, 0)
         if wait and not commands and not sources:
             pause = IDLE_WAIT_S if self.idle else BUSY_WAIT_S
-            commands = self._commands_taken(max_records, pause)
-            if not commands:
-                sources = self._sources_taken(max_records, pause)
+            sources = self._sources_taken(max_records, pause)
+            if not sources:
+                commands = self._commands_taken(max_records, pause * COMMAND_WAIT_SHARE)
         if commands or sources:
             self._last_input = time.monotonic()
         return commands + sources

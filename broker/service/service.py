@@ -262,7 +262,7 @@ class Service:
         handled = time.monotonic()
         self._commit(batch, records_in=len(records))
         if not records and self._idle_flush:
-            self._committer.flush_held()
+            self._committer.send_held()
         if records:
             self._release.busy()
         elif self.inputs.idle:

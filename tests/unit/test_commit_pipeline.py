@@ -132,6 +132,23 @@ def test_the_next_batch_is_processed_while_journals_are_on_their_way(parts):
     assert not committer.holding
 
 
+def test_an_idle_service_sends_deliveries_once_journaled_without_waiting_for_their_answers(
+        parts):
+    """With no input waiting, the service waits for the journals on their way, so that their
+    deliveries go out at once; their answers come with a later poll, and the state with them.
+    (Waiting for those too held back records arriving meanwhile by another round trip.)"""
+    broker, store, committer = parts
+    committer.commit(*_batch(1))
+    broker.auto = JOURNAL  # Kafka answers the journal, and not yet the deliveries
+    committer.send_held()
+    assert broker.topics() == [JOURNAL, "kq.deliver.w1"]
+    assert not committer.holding  # nothing for the loop to wait for: it reads inputs again
+    assert _position(store) is None  # the state still waits for the deliveries' answers
+    broker.auto = True
+    committer.advance()
+    assert _position(store) == 1 and load_meta(store)["offset"] == 0
+
+
 def test_a_batchs_deliveries_wait_for_the_journals_before_its_own(parts):
     """Journals counted in order: a later one acknowledged first (not Kafka's way within a
     partition, but nothing may count on it) sends nothing until the one before is in."""

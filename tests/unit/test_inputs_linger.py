@@ -78,3 +78,32 @@ def test_with_a_batch_held_what_is_there_is_taken_without_lingering() -> None:
     came = time.monotonic()
     assert inputs.poll(100, wait=False) == ["b"]  # (the held batch goes out after it)
     assert time.monotonic() - came < LINGER_S
+
+
+class RecordingConsumer(ArrivingConsumer):
+    """Notes how long each poll was allowed to wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def poll(self, timeout: float) -> Any:
+        self.waits.append(timeout)
+        return super().poll(timeout)
+
+
+def test_with_nothing_there_the_sources_are_waited_on_first_and_longest() -> None:
+    """One consumer is waited on at a time, so a record arriving on the other waits out that
+    turn: a source record's wait is its message's latency, an ack's only frees its lease a
+    little later."""
+    sources, commands = RecordingConsumer(), RecordingConsumer()
+    inputs = Inputs(sources, commands, None, Router((), "kq"),  # type: ignore[arg-type]
+                    Engine(()), ["kq.commands"], {})
+    inputs._last_input = time.monotonic()  # busy: the short waits
+    inputs.linger_s = 0
+    assert inputs.poll(100) == []
+    source_turn = max(sources.waits)
+    command_turn = max(commands.waits)
+    assert source_turn > 0 and 0 < command_turn < source_turn
+    assert sources.waits.index(source_turn) == len(sources.waits) - 1  # the last source poll
+    assert len(commands.waits) == 2  # looked at once, then its turn after the sources'
