@@ -31,14 +31,14 @@ log = logging.getLogger("kq.inputs")
 SERVICE = ""  # the reader name of the service itself
 UNSET = -1  # a position not read yet: start at the reader's recovery point
 TOPIC_REFRESH_S = 2.0
-# When nothing is waiting, the service waits on one consumer at a time, in turn: a record
-# arriving on the other waits that long. Short while records keep coming (latency), longer
-# once the service has been idle a while (an idle service should not spin). The commands'
-# turn is the shorter: a source record's wait adds to its message's latency, while an ack
-# that waits a little longer only frees its lease a little later.
-BUSY_WAIT_S = 0.001
-IDLE_WAIT_S = 0.005
-COMMAND_WAIT_SHARE = 0.25
+# When nothing is waiting, the service waits on one consumer only, the sources' (a consumer
+# waits in whole milliseconds), then looks at the commands' without waiting: a command that
+# arrives meanwhile waits out that turn. A source record's wait would add to its message's
+# latency; an ack's only frees its lease a little later. Short while records keep coming,
+# longer once the service has been idle a while (an idle service should not spin); a turn
+# lasts as long as when the two consumers were waited on in turn, one half each.
+BUSY_WAIT_S = 0.002
+IDLE_WAIT_S = 0.010
 IDLE_AFTER_S = 0.5
 # How long after records last came the next wait for records starts. What arrives meanwhile
 # is taken in one batch: what every batch costs whatever its size (its journal part, two
@@ -134,7 +134,7 @@ class Inputs:
             pause = IDLE_WAIT_S if self.idle else BUSY_WAIT_S
             sources = self._sources_taken(max_records, pause)
             if not sources:
-                commands = self._commands_taken(max_records, pause * COMMAND_WAIT_SHARE)
+                commands = self._commands_taken(max_records, 0)
         if commands or sources:
             self._last_input = time.monotonic()
         return commands + sources

@@ -92,18 +92,15 @@ class RecordingConsumer(ArrivingConsumer):
         return super().poll(timeout)
 
 
-def test_with_nothing_there_the_sources_are_waited_on_first_and_longest() -> None:
-    """One consumer is waited on at a time, so a record arriving on the other waits out that
-    turn: a source record's wait is its message's latency, an ack's only frees its lease a
-    little later."""
+def test_with_nothing_there_only_the_sources_are_waited_on() -> None:
+    """A consumer waits in whole milliseconds, so the service waits on one at a time, and a
+    record arriving on the other waits out that turn: a source record's wait is its
+    message's latency, an ack's only frees its lease a little later."""
     sources, commands = RecordingConsumer(), RecordingConsumer()
     inputs = Inputs(sources, commands, None, Router((), "kq"),  # type: ignore[arg-type]
                     Engine(()), ["kq.commands"], {})
     inputs._last_input = time.monotonic()  # busy: the short waits
     inputs.linger_s = 0
     assert inputs.poll(100) == []
-    source_turn = max(sources.waits)
-    command_turn = max(commands.waits)
-    assert source_turn > 0 and 0 < command_turn < source_turn
-    assert sources.waits.index(source_turn) == len(sources.waits) - 1  # the last source poll
-    assert len(commands.waits) == 2  # looked at once, then its turn after the sources'
+    assert sources.waits[-1] >= 0.001  # (librdkafka rounds a wait down to whole ms)
+    assert commands.waits == [0, 0]  # looked at before the sources' wait and after it
