@@ -153,8 +153,7 @@ class Committer:
     @property
     def holding(self) -> bool:
         """Whether a batch's deliveries are still to go out (its journal is on its way, or
-        with exactly_once its transaction is not open yet). A batch whose deliveries went out
-        waits only for their answers, which a later `advance` serves, to write its state."""
+        with exactly_once its transaction is not open yet)."""
         return any(b.sent is None for b in self._flight)
 
     def held_payload(self, bm: Bookmark) -> Payload | None:
@@ -209,9 +208,8 @@ class Committer:
 
     def send_held(self) -> None:
         """No input is waiting: the journals on their way, waited for, so that their
-        deliveries go out now. Not their answers: a later `advance` serves them and writes
-        the state, so that records arriving meanwhile do not wait for them too. The state
-        of a due window whose every batch was delivered is written now."""
+        deliveries go out now; not the deliveries' answers, which a later `advance` serves
+        (writing the state), so that records arriving meanwhile need not wait for them too."""
         if self.transactional:  # a transaction's deliveries would wait for the next one
             self.flush_held()
             return
