@@ -4,7 +4,7 @@ envelopes into them."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from mypy_extensions import mypyc_attr
@@ -86,6 +86,12 @@ class Message:
         if not self._decoded:
             self._data, self._decoded = decode_data(self._format, self.value, self._schema), True
         return self._data
+
+    def __repr__(self) -> str:
+        # as the dataclass's, with `headers` for its private field
+        shown = (f"{f.name.lstrip('_')}={getattr(self, f.name.lstrip('_'))!r}"
+                 for f in fields(self) if f.repr)
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def settles(self) -> bool:

@@ -76,6 +76,17 @@ def test_a_message_without_headers_gets_a_list_of_its_own_when_they_are_read():
     assert (first.headers, second.headers) == ([("h", b"1")], [])
 
 
+def test_a_message_shows_its_headers_by_their_public_name():
+    core = ClientCore("c", "c")
+    sub = SubscriptionState("Q", "s1", "queue", {})
+    core.add(sub)
+    _route_many(core, range(1, 2))
+    (message,) = sub.buffer
+    shown = repr(message)
+    assert shown.startswith("Message(queue='Q', bookmark=")
+    assert "headers=[]" in shown and "_headers" not in shown and "_client" not in shown
+
+
 def test_a_browsers_copies_shown_again_after_a_crash_are_not_shown_twice():
     from broker.engine.dispatch import BROWSE_BATCH
     from broker.service.commit import UNSENT_BATCHES
