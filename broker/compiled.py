@@ -29,6 +29,7 @@ SOURCES = [
     "broker/service/coalesce.py",
     "broker/service/commands.py",
     "broker/service/commit.py",
+    "broker/service/crash_points.py",
     "broker/service/envelopes.py",
     "broker/service/inputs.py",
     "broker/service/columns.py",

@@ -42,20 +42,15 @@ are made safe by recovery instead (a copy may be duplicated, a lease sent twice;
 The embedded broker accepts transactions but does not isolate them, so there only the steps
 are tested.
 
-Setting the environment variable KQ_CRASH_AFTER_STEP=N makes the process SIGKILL itself right
-after step N of the first batch that has something to journal; with KQ_CRASH_ON_KIND=KIND
-(e.g. `leased`), of the first batch that journals a transition of that kind; with
-`exactly_once` and KQ_CRASH_BEFORE_COMMIT=1, step 2's crash comes inside the Kafka
-transaction, after the journal was flushed and before the commit. Crash tests use them.
+The crash tests stop the process at each step (broker.service.crash_points).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
+import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Final
@@ -66,6 +61,7 @@ from broker import wire
 from broker.engine.engine import Engine
 from broker.errors import DeliveryFailedError, StateError
 from broker.service.coalesce import StateWindow
+from broker.service.crash_points import CrashPoints
 from broker.service.fence import Fence
 from broker.service.journal import journal_parts
 from broker.service.sending import FLUSH_TIMEOUT_S, Acks, OutRecord, Sender
@@ -75,7 +71,6 @@ from broker.state.layout import (
     Payload,
     StateChanges,
     journal_meta,
-    message_key,
 )
 from broker.state.store import Store
 from broker.values import Bookmark, now_ms
@@ -84,7 +79,6 @@ __all__ = ["Committer", "OutRecord", "Outbox"]
 
 log = logging.getLogger("kq.commit")
 
-STEPS: Final = ("copies", "journal", "deliveries", "state")
 # Journals on their way at once, the one being produced included: a batch's journal does not
 # wait for the batch before's (Kafka keeps them in order), only for the one before that.
 JOURNALS_IN_FLIGHT: Final = 2
@@ -125,9 +119,10 @@ class Outbox:
 class Committer:
     def __init__(self, producer: Producer, store: Store, engine: Engine, journal_topic: str,
                  next_batch: int, transactional: bool = False, partition: int = 0,
-                 fence: Fence | None = None, window: StateWindow | None = None) -> None:
+                 fence: Fence | None = None, window: StateWindow | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._producer = producer
-        self._sender = Sender(producer, partition, transactional)
+        self._sender = Sender(producer, partition, transactional, clock)
         self.transactional = transactional  # the producer has a transactional.id
         self._store = store
         self._engine = engine
@@ -141,14 +136,7 @@ class Committer:
         self.last_offset = -1
         self.writer: str | None = None  # our start-up marker's nonce, named in every part
         self.writer_offset: int | None = None  # and its journal offset, named too
-        crash = os.environ.get("KQ_CRASH_AFTER_STEP")
-        self._crash_after = int(crash) if crash else None
-        self._crash_kind = os.environ.get("KQ_CRASH_ON_KIND")
-        # with exactly_once, step 2's crash comes before the transaction's commit instead
-        self._crash_before_commit = os.environ.get("KQ_CRASH_BEFORE_COMMIT") == "1"
-        # Tests of `kq journal audit` only: lose the state write of the first message that
-        # gets a transition of this kind, so the service differs from its journal.
-        self._drop_kind = os.environ.get("KQ_TEST_DROP_STATE_WRITE")
+        self._crash = CrashPoints(transactional)
 
     @property
     def holding(self) -> bool:
@@ -184,15 +172,15 @@ class Committer:
                 # the batch before's deliveries ride along
                 self._send_deliveries(self._flight[-1])
             self._produce_now(outbox.copies, "forward/dead-letter copies")
-            self._crash_point(1, cp)
+            self._crash.reached(1, cp)
             journal = self._journal_records(cp) if cp.transitions or cp.positions else []
             acks = self._sender.produce(journal, len(journal))
             if self.transactional:
                 self._sender.flush()
-                if self._crash_before_commit:
-                    self._crash_point(2, cp, "journal, inside the open Kafka transaction")
+                if self._crash.before_commit:
+                    self._crash.reached(2, cp, "journal, inside the open Kafka transaction")
         b = _InFlight(cp, outbox.deliveries, acks)
-        self._window.add(cp, self._dropped_write(cp))
+        self._window.add(cp, self._crash.dropped_write(cp))
         if journal and self._window.due():  # closed at a batch the journal records
             b.window, b.changes = self._window.close(self._engine)
         self._flight.append(b)
@@ -201,10 +189,13 @@ class Committer:
 
     def advance(self) -> None:
         """Serve the acknowledgements that came: a journaled batch's deliveries go out, a
-        delivered batch's state is written. Never waits."""
+        delivered batch's state is written. Never waits; raises for deliveries unanswered
+        too long (an idle service has nothing else that waits for them)."""
         if self._flight:
             self._sender.poll(0)
             self._settle()
+            if self._flight and (sent := self._flight[0].sent) is not None:
+                self._sender.check_answered(sent, "deliveries")
 
     def send_held(self) -> None:
         """No input is waiting: the journals on their way, waited for, so that their
@@ -243,7 +234,7 @@ class Committer:
         where its last batch left it (called between batches)."""
         window, changes = self._window.close(self._engine)
         changes.write_to(self._store)
-        self._crash_point(4, window)
+        self._crash.reached(4, window)
 
     def send_now(self, records: list[OutRecord]) -> None:
         """Replies that need no journal (state snapshots): produced and flushed at once."""
@@ -286,7 +277,7 @@ class Committer:
             if b.changes is not None:
                 b.changes.puts[META_JOURNAL] = journal_meta(offsets[-1], b.cp.batch,
                                                             b.cp.writer)
-        self._crash_point(2, b.cp)
+        self._crash.reached(2, b.cp)
         if not self.transactional:
             self._send_deliveries(b)
 
@@ -299,10 +290,10 @@ class Committer:
             self._sender.raise_if_fenced(b.sent.fenced[0])
         if b.sent.errors:  # a lease nobody got lapses and is delivered again
             log.error("producing deliveries failed: %s", "; ".join(b.sent.errors[:5]))
-        self._crash_point(3, b.cp)
+        self._crash.reached(3, b.cp)
         if b.changes is not None and b.window is not None:
             b.changes.write_to(self._store)
-            self._crash_point(4, b.window)
+            self._crash.reached(4, b.window)
 
     def _produce_now(self, records: list[OutRecord], what: str) -> None:
         """Produce and flush; every record must be acknowledged."""
@@ -344,15 +335,6 @@ class Committer:
             self._sender.raise_if_fenced(exc.args[0])
             raise DeliveryFailedError(f"committing the Kafka transaction failed: {exc}") from None
 
-    def _dropped_write(self, cp: Checkpoint) -> frozenset[bytes]:
-        hit = next((t for t in cp.transitions if t.kind == self._drop_kind and t.bookmark), None)
-        if hit is None or hit.bookmark is None:
-            return frozenset()
-        self._drop_kind = None
-        log.warning("KQ_TEST_DROP_STATE_WRITE: not storing what %s did to %s", hit.kind.value,
-                    hit.bookmark)
-        return frozenset({message_key(hit.queue, hit.bookmark)})
-
     def _journal_records(self, cp: Checkpoint) -> list[OutRecord]:
         cp.batch, cp.writer = self.next_batch, self.writer
         self.next_batch += 1
@@ -387,14 +369,3 @@ class Committer:
         if self._fence is not None:
             self._fence.writer = nonce
         return offset
-
-    def _crash_point(self, step: int, cp: Checkpoint, where: str = "") -> None:
-        if self._crash_after != step or not cp.transitions:
-            return
-        if step == 2 and self.transactional and self._crash_before_commit and not where:
-            return  # it came inside the transaction, or not at all
-        if self._crash_kind is None or any(t.kind.value == self._crash_kind
-                                           for t in cp.transitions):
-            log.warning("KQ_CRASH_AFTER_STEP=%d: killing myself after step %s", step,
-                        where or STEPS[step - 1])
-            os.kill(os.getpid(), signal.SIGKILL)

@@ -35,8 +35,9 @@ class Acks:
     """The broker's answers for records produced together: how many are still due, the
     offsets they got (in produce order), the errors."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, since: float = 0.0) -> None:
         self.left = count
+        self.since = since  # when they were produced (the sender's clock)
         self.offsets = [-1] * count
         self.errors: list[str] = []
         self.fenced: list[KafkaError] = []
@@ -65,15 +66,17 @@ class Acks:
 class Sender:
     """The shard's producer, for the committer."""
 
-    def __init__(self, producer: Producer, partition: int, transactional: bool = False) -> None:
+    def __init__(self, producer: Producer, partition: int, transactional: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._producer = producer
+        self._clock = clock
         self._partition = partition  # the shard, for the fenced error's message
         self._transactional = transactional
 
     def produce(self, records: Iterable[OutRecord], count: int) -> Acks:
         """Hand `records` (`count` of them) to the producer; their acknowledgements come
         with the producer's next poll or flush."""
-        acks = Acks(count)
+        acks = Acks(count, self._clock())
         for i, r in enumerate(records):
             self._produce(r, acks, i)
         return acks
@@ -101,6 +104,15 @@ class Sender:
             self.raise_if_fenced(acks.fenced[0])
         if acks.errors:
             raise DeliveryFailedError(f"producing {what} failed: {'; '.join(acks.errors[:5])}")
+
+    def check_answered(self, acks: Acks, what: str) -> None:
+        """Raise if `acks` have gone FLUSH_TIMEOUT_S without all their answers (as `wait`
+        would): librdkafka itself gives up on a record only after its `message.timeout.ms`,
+        5 minutes by default."""
+        if not acks.done and self._clock() - acks.since > FLUSH_TIMEOUT_S:
+            raise DeliveryFailedError(f"producing {what} failed: {acks.left} of "
+                                      f"{len(acks.offsets)} not acknowledged within "
+                                      f"{FLUSH_TIMEOUT_S:.0f} s")
 
     def wait(self, done: Callable[[], bool], what: str,
              settle: Callable[[], None] = lambda: None) -> None:

@@ -149,6 +149,25 @@ def test_an_idle_service_sends_deliveries_once_journaled_without_waiting_for_the
     assert _position(store) == 1 and load_meta(store)["offset"] == 0
 
 
+def test_an_idle_service_stops_when_its_deliveries_go_unanswered():
+    """Nothing else waits for an idle service's last deliveries: unanswered for 15 s (the
+    broker gone), it says so and stops, as a busy one does at its next commit (librdkafka
+    would report them only after its message.timeout.ms, 5 minutes)."""
+    now = [0.0]
+    broker, store = Broker(auto=JOURNAL), MemoryStore()  # deliveries never answered
+    committer = Committer(broker, store, Engine([]), JOURNAL, next_batch=0,  # type: ignore[arg-type]
+                          window=StateWindow(window_ms=0), clock=lambda: now[0])
+    committer.commit(*_batch(1))
+    committer.send_held()
+    now[0] = 14.9
+    committer.advance()  # still within the deadline
+    now[0] = 15.1
+    with pytest.raises(DeliveryFailedError,
+                       match="producing deliveries failed: 1 of 1 not acknowledged within 15 s"):
+        committer.advance()
+    assert _position(store) is None  # nothing written as if they had gone out
+
+
 def test_a_batchs_deliveries_wait_for_the_journals_before_its_own(parts):
     """Journals counted in order: a later one acknowledged first (not Kafka's way within a
     partition, but nothing may count on it) sends nothing until the one before is in."""
