@@ -53,6 +53,7 @@ from ops.bench_threads import (  # noqa: E402
     wait_cpu,
 )
 from ops.bench_watch import bystander, profiler, slowed, stop_profiler  # noqa: E402
+from ops.broker_gc import broker_gc  # noqa: E402
 
 # -- orchestration -----------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
     paced_from, paced_wall = paced_start(relay.pid, broker_cpu(bs)), time.time()
     publish(bs, f"{run2}.src", int(rate * 5), rate, paced=True)
     relay_paced_s = wait_cpu(relay)  # (it exits once it has read the last ack)
-    hiccups = slowed(watch, paced_wall)
+    hiccups, gc = slowed(watch, paced_wall), broker_gc(broker_pid(bs), paced_wall)
     paced = paced_cpu(paced_from, relay_paced_s, broker_cpu(bs), int(rate * 5))
     for w in workers:
         w.wait()
@@ -126,6 +127,7 @@ def run_raw(bs: str, n: int, subs: int, rate: float, tmp: Path) -> Figures:
             "cpu_us_per_msg": per_msg(cpu, n), "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
             "kafka_per_msg_paced": kafka_paced, "paced_hiccups": hiccups,
+            "paced_broker_gc": gc,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 
@@ -258,7 +260,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
         wait_stat(bs, prefix, queue, "acked", n + warmed + int(rate * 5),
                   gave_up=lambda: all(w.poll() is not None for w in workers))
         paced = paced_cpu(paced_from, cpu_seconds(proc.pid), broker_cpu(bs), int(rate * 5))
-        hiccups = slowed(watch, paced_wall)
+        hiccups, gc = slowed(watch, paced_wall), broker_gc(broker_pid(bs), paced_wall)
         time.sleep(kafka_stats.INTERVAL_MS / 1000 * 2)  # (the workers idle 3 s before exiting)
         kafka_paced = grown_per_msg(counted, before, int(rate * 5))
         for w in workers:
@@ -274,6 +276,7 @@ def run_kq(bs: str, n: int, subs: int, rate: float, tmp: Path, backlog: int,
             "service_busy": cpu_s / drain_s, "machine_cpu_us_per_msg": machine_s / n * 1e6,
             "machine_busy_cores": machine_s / drain_s, "kafka_per_msg": kafka,
             "kafka_per_msg_paced": kafka_paced, "paced_hiccups": hiccups,
+            "paced_broker_gc": gc,
             "cpu_us_per_msg_by_thread": by_thread, "cpu_us_per_msg_paced": paced}
 
 

@@ -44,6 +44,12 @@ def print_result(result: dict[str, Any], a: argparse.Namespace) -> None:
                                                         ("share", share_slow)) if s)
             + f" (steal: raw {paced_raw.get('stolen', 0):.1f}, kq {paced_kq.get('stolen', 0):.1f}"
             " us per message)")
+    gcs = [(kind, r.get("paced_broker_gc")) for kind, r in
+           (("raw", raw), ("share", share or {}), ("kq", kq))]
+    if any(gc for _, gc in gcs):  # the broker stopped by its collector: every system waits
+        print("the broker's GC pauses during the paced runs (ops/broker_gc.py): " + "; ".join(
+            f"{kind} {gc['pauses']:.0f}, {gc['paused_ms']:.0f} ms in all, the longest "
+            f"{gc['longest_ms']:.0f} ms" for kind, gc in gcs if gc))
     kafka_raw, kafka_kq = raw.get("kafka_per_msg_paced", {}), kq.get("kafka_per_msg_paced", {})
     if kafka_raw and kafka_kq:
         print("Kafka requests per message at the paced rate: " + ", ".join(

@@ -11,11 +11,12 @@ import uuid
 from pathlib import Path
 
 from broker.kafka import clients
-from ops.bench import broker_cpu, latency, spawn
+from ops.bench import broker_cpu, broker_pid, latency, spawn
 from ops.bench_kafka import grown_per_msg, make_topics
 from ops.bench_roles import publish, warm_up
 from ops.bench_threads import machine_cpu_seconds, per_msg
 from ops.bench_watch import bystander, slowed
+from ops.broker_gc import broker_gc
 
 
 def share_group(bs: str, group: str) -> None:
@@ -70,6 +71,7 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     paced_wall = time.time()
     publish(bs, paced, int(rate * 5), rate, paced=True)
     hiccups = slowed(watch, paced_wall)  # to the last publish: the members idle a while more
+    gc = broker_gc(broker_pid(bs), paced_wall)
     for m in members:
         m.wait()
     lat = [x for o in outs for x in json.loads(o.read_text())["lat"]]
@@ -78,4 +80,4 @@ def run_share(bs: str, n: int, subs: int, rate: float, tmp: Path) -> dict[str, f
     return {"msgs_per_s": n / (end - start), "msgs_per_s_steady": n / (end - first),
             "first_delivery_s": first - start, "redelivered": delivered - n,
             **latency(lat), "cpu_us_per_msg": per_msg(cpu, n), "kafka_per_msg": kafka,
-            "paced_hiccups": hiccups}
+            "paced_hiccups": hiccups, "paced_broker_gc": gc}

@@ -219,6 +219,9 @@ class ApacheKafka:
         self._process = GuardedProcess(
             [java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
              "-XX:MaxGCPauseMillis=20",
+             # each pause of the collector, for whoever asks why a record waited
+             # (ops/bench.py reads it: ops/broker_gc.py)
+             f"-Xlog:gc:file={data / 'gc.log'}:timemillis",
              "-Djava.awt.headless=true",
              f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
              "-cp", classpath, "kafka.Kafka", str(config)],

@@ -268,3 +268,26 @@ def test_an_idle_subscriber_costs_kafka_few_requests_and_still_gets_a_message_at
     # group): about 10 fetches a second each; with 5 ms waits it was over 2,000 in 3 s
     assert fetches < 300, f"{fetches} fetch requests in 3 s idle (client and service)"
     assert sorted(waits)[2] < 0.1, f"publish -> delivery took {waits} s"
+
+
+def test_the_brokers_collector_pauses_are_logged_for_the_bench(kafka_bootstrap):
+    """`kq broker --apache` logs each pause of its JVM's collector, and the bench reads them
+    (`paced_broker_gc`): a pause the test forces is found in its window."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from ops.bench import broker_pid
+    from ops.broker_gc import broker_gc, gc_log_of
+
+    pid = broker_pid(kafka_bootstrap)
+    assert pid is not None and gc_log_of(pid) is not None, "the broker keeps no GC log"
+    jcmd = shutil.which("jcmd")
+    assert jcmd, "jcmd (Java 17's JDK) not on PATH"
+    since = time.time()
+    subprocess.run([jcmd, str(pid), "GC.run"], check=True, capture_output=True, timeout=60)
+    deadline = time.monotonic() + 10  # (the JVM writes its log line as the pause ends)
+    while (found := broker_gc(pid, since)) is not None and not found["pauses"]:
+        assert time.monotonic() < deadline, "the forced pause was not logged within 10 s"
+        time.sleep(0.1)
+    assert found is not None and found["pauses"] >= 1 and found["longest_ms"] > 0
