@@ -25,25 +25,35 @@ def test_only_the_pauses_that_ended_within_the_window_count() -> None:
     assert pauses_between(lines, 1500, 2600) == [3.1, 16.047]
 
 
+def started(*args: str) -> subprocess.Popen[str]:
+    """A process running `args` (after its exec: until then /proc shows the parent's)."""
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, *args], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    return proc
+
+
+SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
+
+
 def test_the_log_is_found_on_the_jvms_command_line(tmp_path: Path) -> None:
     log = tmp_path / "gc.log"
     log.write_text(LOG)
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "-Xmx64m", f"-Xlog:gc:file={log}:timemillis"])
+    proc = started("-Xmx64m", f"-Xlog:gc:file={log}:timemillis")
     try:
         assert gc_log_of(proc.pid) == log
         assert broker_gc(proc.pid, since=0) == {"pauses": 3, "paused_ms": 43.2,
                                                 "longest_ms": 24.1}
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # (reaped, its pipe closed)
 
 
 def test_a_broker_without_a_gc_log_reports_none() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = started()
     try:
         assert gc_log_of(proc.pid) is None and broker_gc(proc.pid, since=0) is None
         assert broker_gc(None, since=0) is None  # (a broker not on this machine)
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # (reaped, its pipe closed)
